@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ipcjax.distance import stencil_distance
+
 
 def _active(g, dhat):
     return (g > 0.0) & (g < dhat)
@@ -65,23 +67,14 @@ def stencil_barrier_gradient(X, w, offset, dhat, k):
     Returns:
         (4, 3) array B′(g) wᵢ n, in N.
     """
-    r = w @ X
-    d = _safe_norm(r)
-    n = r / jnp.where(d > 0, d, 1.0)
+    d, n = stencil_distance(X, w)
     return barrier_first_derivative(d - offset, dhat, k) * w[:, None] * n[None, :]
 
 
 def stencil_barrier_hessian(X, w, offset, dhat, k):
     """Solver Hessian (12, 12) = max(B″, 0) (w wᵀ) ⊗ (n nᵀ): positive normal curvature only."""
-    r = w @ X
-    d = _safe_norm(r)
-    n = r / jnp.where(d > 0, d, 1.0)
+    d, n = stencil_distance(X, w)
     b2 = jnp.maximum(barrier_second_derivative(d - offset, dhat, k), 0.0)
     j = (w[:, None] * n[None, :]).reshape(12)
     return b2 * jnp.outer(j, j)
 
-
-def _safe_norm(r):
-    sq = jnp.sum(r * r)
-    pos = sq > 0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
