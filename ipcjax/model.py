@@ -1,0 +1,263 @@
+"""Model inputs (spec §1): static topology and rest data, differentiable parameters, controls, state.
+
+The split follows the static/dynamic rule of the library:
+
+* :class:`Model` — topology (int32 index arrays) and rest data computed once on the
+  host (reference triangle inverses, rest areas, hinges and rest angles, masses). Its
+  shapes are static: changing them recompiles, by design.
+* :class:`Params` — the differentiable material parameters (E, ν, thickness, bending
+  scale, friction μf, barrier stiffness, gravity, film drag). Fit these.
+* :class:`Controls` — per-step inputs: supports, ties, external forces, tolerance.
+* :class:`State` — positions and velocities in storage precision (FP32) and time.
+
+Particles are of three sorts, all in one array: film vertices (in ``film_triangles``),
+fixed obstacle vertices (in ``obstacle_triangles``; zero mass, fixed) and independent
+sphere centres (radius > 0, referenced by no triangle).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipcjax import candidates as _cand
+from ipcjax.energies import bending as _bend
+from ipcjax.energies import membrane as _memb
+from ipcjax.topology import as_triangles, hinge_topology
+
+
+class Model(NamedTuple):
+    """Static topology and rest data (a pytree of arrays; shapes are static)."""
+
+    x_ref: jnp.ndarray          # (N, 3) reference positions, m
+    mass: jnp.ndarray           # (N,) kg
+    fixed: jnp.ndarray          # (N,) bool
+    radius: jnp.ndarray         # (N,) m; > 0 only for sphere centres
+    film: jnp.ndarray           # (N,) bool: particle belongs to the film (drag applies)
+    film_triangles: jnp.ndarray  # (Tf, 3) int32: membrane elements
+    dm_inv: jnp.ndarray         # (Tf, 2, 2) reference-triangle inverse (Newton's tri_poses)
+    rest_area: jnp.ndarray      # (Tf,) m²
+    hinges: jnp.ndarray         # (H, 4) int32 (a, b, c, d)
+    theta0: jnp.ndarray         # (H,) rest dihedral angle, rad
+    hinge_length: jnp.ndarray   # (H,) rest shared-edge length ℓ, m
+    hinge_area: jnp.ndarray     # (H,) combined rest area of the two faces A, m²
+    free_slot: jnp.ndarray      # (N,) int32: index among free particles, F for fixed ones
+    free_particles: jnp.ndarray  # (F,) int32
+    topology: _cand.ContactTopology  # contact triangles, edges, points, spheres (host arrays)
+
+    @property
+    def n_particles(self) -> int:
+        return int(self.x_ref.shape[0])
+
+    @property
+    def n_free(self) -> int:
+        return int(self.free_particles.shape[0])
+
+
+class Params(NamedTuple):
+    """Differentiable material and contact parameters (SI units)."""
+
+    youngs_modulus: jnp.ndarray      # E, Pa
+    poisson: jnp.ndarray             # ν
+    thickness: jnp.ndarray           # h, m
+    bending_scale: jnp.ndarray       # multiplies the physical kθ (1 = physical)
+    friction: jnp.ndarray            # μf
+    barrier_stiffness: jnp.ndarray   # k, N/m
+    gravity: jnp.ndarray             # (3,) m/s²
+    drag: jnp.ndarray                # film drag coefficient, 1/s (force −drag·m·v)
+
+    @staticmethod
+    def film_defaults(**overrides) -> "Params":
+        """The bag film of the spec: 30 µm, E = 315 MPa, ν = 0.45, μf = 0.35, k = 1000 N/m."""
+        base = dict(
+            youngs_modulus=315e6, poisson=0.45, thickness=30e-6, bending_scale=1.0,
+            friction=0.35, barrier_stiffness=1000.0, gravity=(0.0, 0.0, -9.81), drag=12.0,
+        )
+        base.update(overrides)
+        return Params(**{k: jnp.asarray(v, dtype=jnp.float64) for k, v in base.items()})
+
+
+class Controls(NamedTuple):
+    """Per-step inputs. Slots with zero stiffness are inactive (a released support)."""
+
+    support_index: jnp.ndarray   # (K,) int32 particle indices
+    support_k: jnp.ndarray       # (K,) N/m
+    support_target: jnp.ndarray  # (K, 3) m
+    tie_pairs: jnp.ndarray       # (Q, 2) int32
+    tie_k: jnp.ndarray           # (Q,) N/m
+    tie_length: jnp.ndarray      # (Q,) m
+    force: jnp.ndarray           # (N, 3) external force, N
+    tolerance: jnp.ndarray       # Newton convergence on max|Δx|, m
+
+    @staticmethod
+    def empty(n_particles: int, tolerance: float = 1.2e-5, n_supports: int = 0, n_ties: int = 0) -> "Controls":
+        """Controls with no supports or ties (or with inactive slots of the given counts)."""
+        return Controls(
+            support_index=jnp.zeros((n_supports,), jnp.int32),
+            support_k=jnp.zeros((n_supports,)),
+            support_target=jnp.zeros((n_supports, 3)),
+            tie_pairs=jnp.zeros((n_ties, 2), jnp.int32),
+            tie_k=jnp.zeros((n_ties,)),
+            tie_length=jnp.zeros((n_ties,)),
+            force=jnp.zeros((n_particles, 3)),
+            tolerance=jnp.asarray(tolerance, jnp.float64),
+        )
+
+
+class State(NamedTuple):
+    """Positions and velocities in storage precision (FP32), and time in s."""
+
+    x: jnp.ndarray  # (N, 3) float32, m
+    v: jnp.ndarray  # (N, 3) float32, m/s
+    t: jnp.ndarray  # () float64, s
+
+
+@dataclass(frozen=True)
+class Config:
+    """Solver settings.
+
+    ``membrane`` and ``bending`` choose the energy models and are static (changing them
+    recompiles); the numbers are traced leaves of the pytree, so tolerances, caps and
+    distances can change without recompiling.
+    """
+
+    membrane: str = "neo_hookean"       # or "stvk"
+    bending: str = "hinge"              # or "discrete_shell"
+    dhat: float = 1.0e-3                # barrier activation distance, m
+    min_gap: float = 0.030e-3           # film mid-surface gap, m
+    max_newton: int = 150
+    max_line_search: int = 48
+    armijo: float = 1e-4
+    max_subdivisions: int = 7
+
+    def __post_init__(self):
+        if self.membrane not in ("neo_hookean", "stvk"):
+            raise ValueError(f"membrane must be 'neo_hookean' or 'stvk'; got {self.membrane!r}")
+        if self.bending not in ("hinge", "discrete_shell"):
+            raise ValueError(f"bending must be 'hinge' or 'discrete_shell'; got {self.bending!r}")
+        if not (self.dhat > 0 and self.min_gap >= 0):
+            raise ValueError(f"need dhat > 0 and min_gap ≥ 0; got dhat={self.dhat}, min_gap={self.min_gap}")
+        if not (self.max_newton >= 1 and self.max_line_search >= 1 and self.max_subdivisions >= 0):
+            raise ValueError("max_newton and max_line_search must be ≥ 1 and max_subdivisions ≥ 0")
+
+
+_CONFIG_NUMBERS = ("dhat", "min_gap", "max_newton", "max_line_search", "armijo",
+                   "max_subdivisions")
+
+
+def _config_flatten(c: Config):
+    return tuple(getattr(c, k) for k in _CONFIG_NUMBERS), (c.membrane, c.bending)
+
+
+def _config_unflatten(aux, leaves):
+    c = object.__new__(Config)  # no validation: leaves may be tracers
+    object.__setattr__(c, "membrane", aux[0])
+    object.__setattr__(c, "bending", aux[1])
+    for k, v in zip(_CONFIG_NUMBERS, leaves):
+        object.__setattr__(c, k, v)
+    return c
+
+
+jax.tree_util.register_pytree_node(Config, _config_flatten, _config_unflatten)
+
+
+def _check_array(name, a, shape_tail, kind="f"):
+    a = np.asarray(a)
+    if a.ndim != len(shape_tail) + 1 or tuple(a.shape[1:]) != tuple(shape_tail):
+        want = "(N" + "".join(f", {s}" for s in shape_tail) + ")"
+        raise ValueError(f"{name} must have shape {want}; got {a.shape}")
+    if kind == "f":
+        if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name} must be a real array; got dtype {a.dtype}")
+        bad = ~np.isfinite(a)
+        if bad.any():
+            i = int(np.argwhere(bad.reshape(a.shape[0], -1).any(axis=1))[0, 0])
+            raise ValueError(f"{name}[{i}] is not finite: {a[i]}")
+    return a
+
+
+def build_model(
+    x_ref,
+    film_triangles,
+    mass,
+    *,
+    obstacle_triangles=None,
+    fixed=None,
+    radius=None,
+    allow_nonmanifold: bool = False,
+) -> Model:
+    """Build a :class:`Model`, computing rest data once and validating the input.
+
+    Args:
+        x_ref: (N, 3) reference positions, m. The film's rest shape is taken from here.
+        film_triangles: (Tf, 3) film triangles (membrane, bending, contact).
+        mass: (N,) particle masses, kg (zero for obstacle vertices).
+        obstacle_triangles: (To, 3) fixed obstacle triangles (contact only).
+        fixed: (N,) bool; obstacle vertices are always fixed.
+        radius: (N,) sphere radii, m; > 0 marks an independent sphere centre.
+        allow_nonmanifold: bend only manifold interior edges and leave edges shared by
+            three or more film triangles out (they are listed in a warning). By default
+            such edges are an error, since the bending models need manifold hinges.
+
+    Raises:
+        ValueError: wrong shapes/dtypes, non-finite values, indices out of range,
+            degenerate rest triangles, negative masses or radii, a sphere centre that is
+            also a triangle vertex, or a free particle without mass.
+    """
+    x_ref = _check_array("x_ref", x_ref, (3,)).astype(np.float64)
+    n = x_ref.shape[0]
+    ft = as_triangles(film_triangles, n)
+    ot = as_triangles(np.zeros((0, 3), np.int32) if obstacle_triangles is None else obstacle_triangles, n)
+    mass = np.asarray(mass, dtype=np.float64)
+    if mass.shape != (n,):
+        raise ValueError(f"mass must have shape ({n},); got {mass.shape}")
+    if not np.all(np.isfinite(mass)) or (mass < 0).any():
+        raise ValueError(f"mass must be finite and ≥ 0; particle {int(np.argmax(~np.isfinite(mass) | (mass < 0)))} is {mass[np.argmax(~np.isfinite(mass) | (mass < 0))]}")
+    fixed = np.zeros(n, bool) if fixed is None else np.asarray(fixed, dtype=bool).copy()
+    if fixed.shape != (n,):
+        raise ValueError(f"fixed must have shape ({n},); got {fixed.shape}")
+    radius = np.zeros(n) if radius is None else np.asarray(radius, dtype=np.float64)
+    if radius.shape != (n,) or not np.all(np.isfinite(radius)) or (radius < 0).any():
+        raise ValueError(f"radius must be a finite (N,) array ≥ 0; got shape {radius.shape}")
+    if ot.size:
+        fixed[np.unique(ot)] = True
+    in_tri = np.zeros(n, bool)
+    in_tri[np.unique(np.concatenate([ft.reshape(-1), ot.reshape(-1)]))] = True
+    both = np.argwhere(in_tri & (radius > 0)).reshape(-1)
+    if both.size:
+        raise ValueError(f"particle {int(both[0])} has radius > 0 but is a triangle vertex; sphere centres must be independent")
+    massless = np.argwhere(~fixed & (mass <= 0)).reshape(-1)
+    if massless.size:
+        raise ValueError(f"free particle {int(massless[0])} has zero mass; fix it or give it mass")
+
+    dm_inv, area = _memb.triangles_rest(x_ref, ft)
+    hinge_top = hinge_topology(ft)
+    if len(hinge_top.nonmanifold):
+        listed = ", ".join(str(tuple(e)) for e in hinge_top.nonmanifold[:8].tolist())
+        more = "" if len(hinge_top.nonmanifold) <= 8 else f" and {len(hinge_top.nonmanifold) - 8} more"
+        msg = (f"{len(hinge_top.nonmanifold)} non-manifold film edge(s) shared by three or more "
+               f"triangles: {listed}{more}; the bending models need manifold hinges")
+        if not allow_nonmanifold:
+            raise ValueError(msg + " (pass allow_nonmanifold=True to leave them out of bending)")
+        warnings.warn(msg + "; these edges are left out of bending", stacklevel=2)
+    theta0, hlen, harea = _bend.hinges_rest(x_ref, hinge_top.hinges)
+    free_particles = np.argwhere(~fixed).reshape(-1).astype(np.int32)
+    free_slot = np.full(n, free_particles.size, np.int32)
+    free_slot[free_particles] = np.arange(free_particles.size, dtype=np.int32)
+    film = np.zeros(n, bool)
+    film[np.unique(ft)] = True
+    contact_tris = np.concatenate([ft, ot], axis=0)
+    topo = _cand.contact_topology(contact_tris, n, radius, fixed)
+    return Model(
+        x_ref=jnp.asarray(x_ref), mass=jnp.asarray(mass), fixed=jnp.asarray(fixed),
+        radius=jnp.asarray(radius), film=jnp.asarray(film), film_triangles=jnp.asarray(ft),
+        dm_inv=jnp.asarray(dm_inv), rest_area=jnp.asarray(area),
+        hinges=jnp.asarray(hinge_top.hinges), theta0=jnp.asarray(theta0),
+        hinge_length=jnp.asarray(hlen), hinge_area=jnp.asarray(harea),
+        free_slot=jnp.asarray(free_slot), free_particles=jnp.asarray(free_particles),
+        topology=topo,
+    )

@@ -1,0 +1,164 @@
+"""The Newton solve of one timestep: direction, conservative step bound, Armijo line search.
+
+One bounded ``lax.while_loop``; each iteration
+
+1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64),
+2. equilibrates with D = diag(H)^(−½) and solves (D H D) z = −D∇Φ by Cholesky
+   (``jax.scipy.linalg.cho_factor``), Δx = D z,
+3. stops when max|Δx| < tolerance (m),
+4. queries contact candidates for the swept boxes x → x + Δx (complete for every
+   trial point of the line search, since trial points lie on that segment),
+5. bounds the step along each candidate's current separating normal (ccd), and
+6. backtracks from that bound until Φ(x+αΔx) ≤ Φ(x) + 10⁻⁴ α ∇Φ·Δx (≤ 48 halvings).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from ipcjax import candidates as _cand
+from ipcjax import ccd as _ccd
+from ipcjax.model import Config, Controls, Model, Params
+from ipcjax.potential import (
+    ContactSet, StepContext, gather_stencils, gradient_and_hessian, incremental_potential,
+    stencil_offsets, stencil_weights,
+)
+from ipcjax.result import StepCode
+
+
+class CandidateStats(NamedTuple):
+    """Largest candidate counts seen (for host reallocation) and whether any query overflowed."""
+
+    n_vt: jnp.ndarray
+    n_ee: jnp.ndarray
+    n_sf: jnp.ndarray
+    overflow: jnp.ndarray
+    work: jnp.ndarray  # (2, 3) intermediate grid-buffer entries needed (see candidates.Candidates)
+
+    @staticmethod
+    def of(c) -> "CandidateStats":
+        return CandidateStats(c.n_vt, c.n_ee, c.n_sf, c.overflow, c.work)
+
+    def merge(self, other: "CandidateStats") -> "CandidateStats":
+        return CandidateStats(jnp.maximum(self.n_vt, other.n_vt), jnp.maximum(self.n_ee, other.n_ee),
+                              jnp.maximum(self.n_sf, other.n_sf), self.overflow | other.overflow,
+                              jnp.maximum(self.work, other.work))
+
+
+def query_contacts(x_start, x_end, model: Model, config: Config, capacity):
+    """Candidates for the swept boxes x_start → x_end as a :class:`ContactSet` plus stats."""
+    c = _cand.find_candidates(x_start, x_end, model.topology, config.dhat, config.min_gap, capacity)
+    idx, kind, valid = _cand.stencils(c, model.topology)
+    return ContactSet(idx, kind, valid), CandidateStats.of(c)
+
+
+def newton_direction(g, H):
+    """Δx over the free DOFs from (D H D) z = −D g, D = diag(H)^(−½); also a success flag."""
+    d = jnp.diag(H)
+    D = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 1.0)
+    A = D[:, None] * H * D[None, :]
+    cf = jsl.cho_factor(A, lower=True)
+    z = jsl.cho_solve(cf, -D * g)
+    dx = D * z
+    ok = jnp.all(jnp.isfinite(cf[0])) & jnp.all(jnp.isfinite(dx))
+    return jnp.where(ok, dx, 0.0), ok
+
+
+def step_bound(x, dx, contacts: ContactSet, radius, config: Config):
+    """Largest first trial α ∈ [0, 1] keeping every candidate's gap positive along x + αΔx.
+
+    The minimum over stencils of :func:`ipcjax.ccd.stencil_max_step`: the conservative
+    bound along each stencil's current separating normal, started at 90% of g/approach
+    when that is ≤ 1 (spec §4).
+    """
+    X = gather_stencils(x, contacts)
+    dX = dx[contacts.idx]
+    w = jax.vmap(stencil_weights)(X, contacts.kind)
+    off = stencil_offsets(contacts, radius, config.min_gap)
+    a = jax.vmap(_ccd.stencil_max_step)(X, dX, w, off, contacts.kind)
+    return jnp.min(jnp.where(contacts.valid, a, 1.0), initial=1.0)
+
+
+def armijo(phi, x, dx, phi0, slope, alpha0, config: Config):
+    """Backtracking from alpha0: first α with Φ(x+αΔx) ≤ Φ(x) + c α slope, ≤ max halvings.
+
+    A round-off allowance of 8·eps64·|Φ(x)| is added to the right-hand side, so that
+    steps whose decrease is below FP64 resolution near convergence are not rejected.
+    Returns (α, trials, accepted).
+    """
+    tol = 8.0 * jnp.finfo(jnp.float64).eps * jnp.abs(phi0)
+
+    def cond(c):
+        a, k, ok = c
+        return (~ok) & (k < config.max_line_search)
+
+    def body(c):
+        a, k, _ = c
+        val = phi(x + a * dx)
+        ok = jnp.isfinite(val) & (val <= phi0 + config.armijo * a * slope + tol)
+        return jnp.where(ok, a, 0.5 * a), k + 1, ok
+
+    a, k, ok = jax.lax.while_loop(cond, body, (alpha0, jnp.int32(0), jnp.bool_(False)))
+    return a, k, ok
+
+
+class SolveInfo(NamedTuple):
+    code: jnp.ndarray            # StepCode bits
+    iterations: jnp.ndarray      # Newton iterations
+    line_search_trials: jnp.ndarray
+    min_step_bound: jnp.ndarray  # smallest ccd α₀ over the iterations
+    last_step_norm: jnp.ndarray  # max|Δx| of the last direction, m
+    stats: CandidateStats
+
+
+def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                 contacts: ContactSet, stats: CandidateStats, config: Config, capacity):
+    """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo)."""
+    F = model.n_free
+    fp = model.free_particles
+
+    def to_full(v):
+        return jnp.zeros_like(x_init).at[fp].set(v.reshape(F, 3))
+
+    def cond(c):
+        x, cs, st, it, done, code, lst, amin, step = c
+        return (~done) & (code == 0) & (it < config.max_newton)
+
+    def body(c):
+        x, cs, st, it, done, code, lst, amin, _ = c
+        g, H = gradient_and_hessian(x, model, params, controls, ctx, cs, config)
+        dxf, fact_ok = newton_direction(g, H)
+        dx = to_full(dxf)
+        step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
+        converged = fact_ok & (step_norm < controls.tolerance)
+
+        def move(_):
+            cs2, st2 = query_contacts(x, x + dx, model, config, capacity)
+            a0 = step_bound(x, dx, cs2, model.radius, config)
+            phi = lambda z: incremental_potential(z, model, params, controls, ctx, cs2, config)
+            phi0 = phi(x)
+            slope = jnp.dot(g, dxf)
+            a, k, ok = armijo(phi, x, dx, phi0, slope, a0, config)
+            bad = (~ok) | (slope >= 0)
+            code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
+                              jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
+                                        jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
+            x2 = jnp.where(code2 == 0, x + a * dx, x)
+            return x2, cs2, st.merge(st2), k, a0, code2
+
+        def stay(_):
+            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0)
+
+        x2, cs2, st2, k, a0, code2 = jax.lax.cond(converged | ~fact_ok, stay, move, None)
+        code2 = code2 | jnp.where(fact_ok, 0, int(StepCode.FACTORIZATION_FAILED)).astype(jnp.int32)
+        code2 = code2 | jnp.where(jnp.all(jnp.isfinite(x2)), 0, int(StepCode.NON_FINITE)).astype(jnp.int32)
+        return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm)
+
+    init = (x_init, contacts, stats, jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.int32(0),
+            jnp.asarray(1.0, x_init.dtype), jnp.asarray(jnp.inf, x_init.dtype))
+    x, cs, st, it, done, code, lst, amin, step = jax.lax.while_loop(cond, body, init)
+    code = code | jnp.where(done | (code != 0), 0, int(StepCode.ITERATION_CAP)).astype(jnp.int32)
+    return x, cs, SolveInfo(code, it, lst, amin, step, st)

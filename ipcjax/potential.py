@@ -1,0 +1,281 @@
+"""The incremental potential Φ of one timestep: its value, gradient and solver Hessian.
+
+Φ(x) = Σ mᵢ‖xᵢ − yᵢ‖²/(2dt²) + E_membrane + E_bending + E_barrier + E_friction
+       + E_support + E_tie                                                  (J)
+
+Every term is a small pure function of a few particles' positions (``ipcjax.energies``),
+lifted to the mesh with ``vmap`` over static index arrays. :func:`incremental_potential`
+is the value (differentiable by autodiff, used by the line search and the implicit VJP);
+:func:`gradient_and_hessian` assembles the hand-derived element gradients and the
+positive-semidefinite element Hessians the Newton solve uses, directly into the free
+degrees of freedom (fixed particles are eliminated, which is equivalent to the seed's
+zeroed row/column with a unit diagonal and zero right-hand side).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ipcjax import distance as _dist
+from ipcjax.candidates import ContactKind
+from ipcjax.energies import barrier as _bar
+from ipcjax.energies import bending as _bend
+from ipcjax.energies import constraints as _con
+from ipcjax.energies import friction as _fric
+from ipcjax.energies import inertia as _inert
+from ipcjax.energies import membrane as _memb
+from ipcjax.model import Config, Controls, Model, Params
+
+
+class ContactSet(NamedTuple):
+    """Barrier stencils: four particle indices, a :class:`ContactKind`, a validity mask."""
+
+    idx: jnp.ndarray    # (M, 4) int32
+    kind: jnp.ndarray   # (M,) int8
+    valid: jnp.ndarray  # (M,) bool
+
+
+class FrictionSet(NamedTuple):
+    """Frozen (lagged) friction data of the contacts active at step start."""
+
+    idx: jnp.ndarray    # (M, 4) int32
+    w0: jnp.ndarray     # (M, 4) closest-point weights at step start
+    n0: jnp.ndarray     # (M, 3) unit normals at step start
+    load: jnp.ndarray   # (M,) μf·(−B′(g₀)) in N; 0 for inactive rows
+
+
+class StepContext(NamedTuple):
+    """Everything Φ depends on besides x that is fixed during one step's Newton solve."""
+
+    x0: jnp.ndarray        # (N, 3) step-start positions, m (FP64)
+    y: jnp.ndarray         # (N, 3) inertial target, m
+    dt: jnp.ndarray        # s
+    friction: FrictionSet
+
+
+# --------------------------------------------------------------------------- contacts
+
+# Padding rows of a contact set gather a harmless, well-separated stencil instead of four
+# copies of particle 0, so that no weight or distance derivative sees a degenerate input.
+_DUMMY_STENCIL = jnp.array([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+
+
+def gather_stencils(x, contacts: "ContactSet"):
+    """(M, 4, 3) stencil positions; padding rows get a separated dummy stencil (d ≥ 0.7 m)."""
+    X = x[contacts.idx]
+    return jnp.where(contacts.valid[:, None, None], X, _DUMMY_STENCIL.astype(x.dtype))
+
+
+def stencil_weights(X, kind):
+    """Closest-point weights (4,) for one stencil of the given kind (see ContactKind)."""
+    w_pt, _ = _dist.point_triangle_weights(X[0], X[1], X[2], X[3])
+    w_ee, _ = _dist.edge_edge_weights(X[0], X[1], X[2], X[3])
+    w_ss = _dist.sphere_pair_weights().astype(X.dtype)
+    return jnp.where(kind == ContactKind.EE, w_ee, jnp.where(kind == ContactKind.SS, w_ss, w_pt))
+
+
+def stencil_offsets(contacts: ContactSet, radius, min_gap):
+    """Offset c subtracted from each stencil's distance (spec §4), in m.
+
+    VT and EE: min_gap; sphere centre–face: R + min_gap/2; sphere pair: Rᵢ + Rⱼ.
+    """
+    r0 = radius[contacts.idx[:, 0]]
+    r1 = radius[contacts.idx[:, 1]]
+    return jnp.where(
+        contacts.kind == ContactKind.SF, r0 + 0.5 * min_gap,
+        jnp.where(contacts.kind == ContactKind.SS, r0 + r1, min_gap),
+    )
+
+
+def contact_gaps(x, contacts: ContactSet, radius, min_gap):
+    """Gap g = d − c per stencil (m), with +∞ for padding rows. Also returns (w, n)."""
+    X = gather_stencils(x, contacts)
+    w = jax.vmap(stencil_weights)(X, contacts.kind)
+    d, n = jax.vmap(_dist.stencil_distance)(X, w)
+    g = d - stencil_offsets(contacts, radius, min_gap)
+    return jnp.where(contacts.valid, g, jnp.inf), w, n
+
+
+def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config) -> FrictionSet:
+    """Freeze friction data at step start: contacts with 0 < g₀ < d̂ get load μf·(−B′(g₀))."""
+    g0, w0, n0 = contact_gaps(x0, contacts, radius, config.min_gap)
+    active = contacts.valid & (g0 < config.dhat)
+    b1 = _bar.barrier_first_derivative(jnp.where(active, g0, 0.5 * config.dhat), config.dhat,
+                                       params.barrier_stiffness)
+    load = jnp.where(active, params.friction * (-b1), 0.0)
+    return FrictionSet(idx=contacts.idx, w0=w0, n0=n0, load=load)
+
+
+def _barrier_terms(x, contacts, radius, params, config):
+    X = gather_stencils(x, contacts)
+    off = stencil_offsets(contacts, radius, config.min_gap)
+
+    def one(Xs, kind, c, valid):
+        d, _ = _dist.stencil_distance(Xs, stencil_weights(Xs, kind))
+        e = _bar.barrier(d - c, config.dhat, params.barrier_stiffness)
+        return jnp.where(valid, e, 0.0)
+
+    return jax.vmap(one)(X, contacts.kind, off, contacts.valid)
+
+
+# --------------------------------------------------------------------------- coefficients
+
+def membrane_coefficients(params: Params):
+    """Plane-stress Lamé parameters (μ, λ) in N/m from E, ν, h."""
+    return _memb.lame_from_young(params.youngs_modulus, params.poisson, params.thickness)
+
+
+def bending_coefficients(model: Model, params: Params, config: Config):
+    """Per-hinge stiffness: kθ = s·6Dℓ²/A (hinge) or κ·w = s·κ·3ℓ²/A (discrete shell)."""
+    if config.bending == "hinge":
+        return params.bending_scale * _bend.hinge_stiffness(
+            params.youngs_modulus, params.poisson, params.thickness, model.hinge_length, model.hinge_area)
+    kappa = params.bending_scale * _bend.discrete_shell_kappa(params.youngs_modulus, params.poisson, params.thickness)
+    return kappa * 3.0 * model.hinge_length**2 / model.hinge_area
+
+
+# --------------------------------------------------------------------------- value
+
+def potential_terms(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                    contacts: ContactSet, config: Config) -> dict:
+    """Each term of Φ at x (J), as a dict; :func:`incremental_potential` sums them."""
+    mu, lam = membrane_coefficients(params)
+    Xt = x[model.film_triangles]
+    memb_fn = _memb.neo_hookean_energy if config.membrane == "neo_hookean" else _memb.stvk_energy
+    e_memb = jnp.sum(jax.vmap(memb_fn, in_axes=(0, 0, 0, None, None))(Xt, model.dm_inv, model.rest_area, mu, lam))
+    kb = bending_coefficients(model, params, config)
+    Xh = x[model.hinges]
+    if config.bending == "hinge":
+        e_bend = jnp.sum(jax.vmap(_bend.hinge_energy)(Xh, model.theta0, kb))
+    else:
+        e_bend = jnp.sum(jax.vmap(_bend.discrete_shell_energy, in_axes=(0, 0, 0, None))(Xh, model.theta0, kb, 1.0))
+    free = ~model.fixed
+    e_inert = _inert.inertia_energy(x, ctx.y, model.mass, free, ctx.dt)
+    e_bar = jnp.sum(_barrier_terms(x, contacts, model.radius, params, config))
+    fs = ctx.friction
+    eps = _fric.friction_eps(ctx.dt)
+    e_fric = jnp.sum(jax.vmap(_fric.friction_energy, in_axes=(0, 0, 0, 0, 0, None))(
+        x[fs.idx], ctx.x0[fs.idx], fs.w0, fs.n0, fs.load, eps))
+    e_sup = jnp.sum(jax.vmap(_con.support_energy)(x[controls.support_index], controls.support_target, controls.support_k))
+    ti, tj = controls.tie_pairs[:, 0], controls.tie_pairs[:, 1]
+    e_tie = jnp.sum(jax.vmap(_con.tie_energy)(x[ti], x[tj], controls.tie_length, controls.tie_k))
+    return dict(inertia=e_inert, membrane=e_memb, bending=e_bend, barrier=e_bar,
+                friction=e_fric, support=e_sup, tie=e_tie)
+
+
+def incremental_potential(x, model, params, controls, ctx, contacts, config) -> jnp.ndarray:
+    """Φ(x) in J; +∞ where any gap is ≤ 0 (outside the feasible set)."""
+    return sum(potential_terms(x, model, params, controls, ctx, contacts, config).values())
+
+
+# --------------------------------------------------------------------------- assembly
+
+def _scatter(g, H, idx, g_loc, H_loc, free_slot):
+    """Add element gradients (E, k, 3) and Hessians (E, 3k, 3k) into free-DOF g and H.
+
+    Fixed particles map to slot F, whose rows fall outside the arrays and are dropped.
+    """
+    k = idx.shape[1]
+    slots = free_slot[idx]                                    # (E, k)
+    rows = (3 * slots[:, :, None] + jnp.arange(3)).reshape(-1, 3 * k)  # (E, 3k)
+    g = g.at[rows.reshape(-1)].add(g_loc.reshape(-1), mode="drop")
+    H = H.at[rows[:, :, None], rows[:, None, :]].add(H_loc, mode="drop")
+    return g, H
+
+
+def _barrier_stencil_exact_hessian(X, kind, offset, dhat, k):
+    """Exact (12, 12) Hessian of B(d(X) − c), the closest-point weights differentiated too."""
+    def e(Z):
+        d, _ = _dist.stencil_distance(Z, stencil_weights(Z, kind))
+        return _bar.barrier(d - offset, dhat, k)
+    return jax.hessian(e)(X).reshape(12, 12)
+
+
+def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                         contacts: ContactSet, config: Config, exact: bool = False):
+    """Assemble ∇Φ (3F,) and a Hessian (3F, 3F) over the free DOFs, FP64.
+
+    Element gradients are the hand-derived ones. With ``exact=False`` (the Newton solve)
+    element Hessians are the projected tangents: Neo-Hookean/StVK with the S₊ geometric
+    part, hinge kθ∇θ∇θᵀ or the eigenvalue-clamped discrete-shell Hessian, barrier
+    max(B″,0) jjᵀ, exact friction, PSD ties, supports kI, inertia m/dt² I. With
+    ``exact=True`` (the implicit VJP) every element Hessian is the exact one — the
+    barrier's includes B′∇²d from the curvature of the distance — so the result is
+    ∇²Φ itself.
+    """
+    F = model.n_free
+    g = jnp.zeros(3 * F, x.dtype)
+    H = jnp.zeros((3 * F, 3 * F), x.dtype)
+    slot = model.free_slot
+
+    # inertia: diagonal
+    free = ~model.fixed
+    gi = _inert.inertia_gradient(x, ctx.y, model.mass, free, ctx.dt)[model.free_particles]
+    g = g + gi.reshape(-1)
+    H = H + jnp.diag(jnp.repeat(_inert.inertia_hessian_diagonal(model.mass, free, ctx.dt)[model.free_particles], 3))
+
+    # membrane
+    mu, lam = membrane_coefficients(params)
+    Xt = x[model.film_triangles]
+    if config.membrane == "neo_hookean":
+        gf, hf = _memb.neo_hookean_gradient, (_memb.neo_hookean_hessian if exact else _memb.neo_hookean_hessian_psd)
+    else:
+        gf, hf = _memb.stvk_gradient, (_memb.stvk_hessian if exact else _memb.stvk_hessian_psd)
+    ax = (0, 0, 0, None, None)
+    g_el = jax.vmap(gf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
+    H_el = jax.vmap(hf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
+    g, H = _scatter(g, H, model.film_triangles, g_el, H_el, slot)
+
+    # bending
+    kb = bending_coefficients(model, params, config)
+    Xh = x[model.hinges]
+    if config.bending == "hinge":
+        g_el = jax.vmap(_bend.hinge_gradient)(Xh, model.theta0, kb)
+        H_el = jax.vmap(_bend.hinge_hessian if exact else _bend.hinge_hessian_gn)(Xh, model.theta0, kb)
+    else:
+        ax = (0, 0, 0, None)
+        g_el = jax.vmap(_bend.discrete_shell_gradient, in_axes=ax)(Xh, model.theta0, kb, 1.0)
+        hf = _bend.discrete_shell_hessian if exact else _bend.discrete_shell_hessian_psd
+        H_el = jax.vmap(hf, in_axes=ax)(Xh, model.theta0, kb, 1.0)
+    g, H = _scatter(g, H, model.hinges, g_el.reshape(-1, 4, 3), H_el, slot)
+
+    # barrier
+    X = gather_stencils(x, contacts)
+    off = stencil_offsets(contacts, model.radius, config.min_gap)
+    w = jax.vmap(stencil_weights)(X, contacts.kind)
+    kk = params.barrier_stiffness
+    g_el = jax.vmap(_bar.stencil_barrier_gradient, in_axes=(0, 0, 0, None, None))(X, w, off, config.dhat, kk)
+    if exact:
+        H_el = jax.vmap(_barrier_stencil_exact_hessian, in_axes=(0, 0, 0, None, None))(
+            X, contacts.kind, off, config.dhat, kk)
+    else:
+        H_el = jax.vmap(_bar.stencil_barrier_hessian, in_axes=(0, 0, 0, None, None))(X, w, off, config.dhat, kk)
+    valid = contacts.valid
+    g_el = jnp.where(valid[:, None, None], g_el, 0.0)
+    H_el = jnp.where(valid[:, None, None], H_el, 0.0)
+    g, H = _scatter(g, H, contacts.idx, g_el, H_el, slot)
+
+    # friction
+    fs = ctx.friction
+    eps = _fric.friction_eps(ctx.dt)
+    ax = (0, 0, 0, 0, 0, None)
+    X, X0 = x[fs.idx], ctx.x0[fs.idx]
+    g_el = jax.vmap(_fric.friction_gradient, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
+    H_el = jax.vmap(_fric.friction_hessian, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
+    g, H = _scatter(g, H, fs.idx, g_el, H_el, slot)
+
+    # supports
+    si = controls.support_index
+    g_el = jax.vmap(_con.support_gradient)(x[si], controls.support_target, controls.support_k)
+    H_el = jax.vmap(_con.support_hessian)(x[si], controls.support_target, controls.support_k)
+    g, H = _scatter(g, H, si[:, None], g_el[:, None, :], H_el, slot)
+
+    # ties
+    tp = controls.tie_pairs
+    g_el = jax.vmap(_con.tie_gradient)(x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
+    H_el = jax.vmap(_con.tie_hessian if exact else _con.tie_hessian_psd)(
+        x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
+    g, H = _scatter(g, H, tp, g_el, H_el, slot)
+    return g, H

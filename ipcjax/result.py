@@ -1,0 +1,30 @@
+"""Step result codes: failures are data inside jit and exceptions (or retries) at the edge."""
+from __future__ import annotations
+
+import enum
+
+
+class StepCode(enum.IntFlag):
+    """Bit flags describing why a step's output was discarded (0 = success)."""
+
+    OK = 0
+    LINE_SEARCH_EXHAUSTED = 1
+    ITERATION_CAP = 2
+    GAP_LOST_IN_ROUNDING = 4
+    NON_FINITE = 8
+    FACTORIZATION_FAILED = 16
+    CAPACITY_OVERFLOW = 32
+    INITIAL_OVERLAP = 64
+    ZERO_STEP_BOUND = 128
+
+    @classmethod
+    def describe(cls, code: int) -> str:
+        code = int(code)
+        if code == 0:
+            return "ok"
+        return " | ".join(f.name.lower().replace("_", " ") for f in cls if f and code & f)
+
+
+#: Failures that a smaller timestep can cure: the host driver retries with two half-steps.
+RETRYABLE = (StepCode.LINE_SEARCH_EXHAUSTED | StepCode.ITERATION_CAP
+             | StepCode.GAP_LOST_IN_ROUNDING | StepCode.ZERO_STEP_BOUND)

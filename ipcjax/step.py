@@ -1,0 +1,295 @@
+"""One timestep: validate, solve, round to FP32, recheck gaps, velocities; host retries.
+
+:func:`step` is the jittable core: ``step(model, params, state, controls, dt, config=…,
+capacity=…) -> (state, StepInfo)``. It never raises; a failed step returns the input
+state and a non-zero ``info.code`` (:class:`~ipcjax.result.StepCode`).
+
+:func:`advance` is the host-level driver: it validates the input, reallocates candidate
+buffers above the real counts on overflow and redoes the step, and on a retryable failure
+(line search exhausted, iteration cap, gap lost in rounding) retries from the same input
+with two half-steps, recursively up to ``config.max_subdivisions`` levels.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipcjax import candidates as _cand
+from ipcjax.energies.inertia import inertial_target
+from ipcjax.model import Config, Controls, Model, Params, State
+from ipcjax.newton import CandidateStats, newton_solve, query_contacts
+from ipcjax.potential import StepContext, contact_gaps, friction_set
+from ipcjax.result import RETRYABLE, StepCode
+
+
+class StepInfo(NamedTuple):
+    """Per-step figures (arrays inside jit; plain numbers after :func:`advance`)."""
+
+    code: jnp.ndarray
+    iterations: jnp.ndarray
+    line_search_trials: jnp.ndarray
+    min_step_bound: jnp.ndarray
+    min_gap: jnp.ndarray          # smallest gap after FP32 rounding, m
+    n_vt: jnp.ndarray
+    n_ee: jnp.ndarray
+    n_sf: jnp.ndarray
+    overflow: jnp.ndarray
+    work: jnp.ndarray
+
+
+def step_context(model: Model, params: Params, x0, v0, controls: Controls, dt, contacts0, config: Config):
+    """Inertial target (with the film drag −drag·m·v₀ as an external force) and the lagged
+    friction set frozen at x₀ over the given step-start contacts."""
+    free = ~model.fixed
+    force = controls.force - (params.drag * model.mass)[:, None] * v0 * model.film[:, None]
+    y = inertial_target(x0, v0, model.mass, free, params.gravity, force, dt)
+    return StepContext(x0=x0, y=y, dt=dt, friction=friction_set(x0, contacts0, model.radius, params, config))
+
+
+def solve_positions(model: Model, params: Params, x0, v0, controls: Controls, dt, config: Config, capacity):
+    """The unrounded minimiser x* (FP64) of one step's Φ from x₀.
+
+    Returns (x*, contacts at x*, step-start contacts, SolveInfo, initial_overlap flag).
+    Used by :func:`step` and by the implicit VJP (:mod:`ipcjax.implicit`).
+    """
+    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity)
+    g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
+    overlap = jnp.min(g0, initial=jnp.inf) <= 0
+    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
+    x, cs, sinfo = newton_solve(x0, model, params, controls, ctx, contacts0, stats0, config, capacity)
+    return x, cs, contacts0, sinfo, overlap
+
+
+def recheck_rounded(model: Model, x32, config: Config, capacity):
+    """Smallest gap (m) on exactly the stored FP32 positions, and the query's stats."""
+    xr = x32.astype(jnp.float64)
+    cs_r, st_r = query_contacts(xr, xr, model, config, capacity)
+    g_r, _, _ = contact_gaps(xr, cs_r, model.radius, config.min_gap)
+    return jnp.min(g_r, initial=jnp.inf), st_r
+
+
+def result_code(sinfo, overlap, min_gap, stats):
+    """Combine the solve's code with the overlap, rounding and overflow checks."""
+    code = sinfo.code
+    code = code | jnp.where(overlap, int(StepCode.INITIAL_OVERLAP), 0).astype(jnp.int32)
+    code = code | jnp.where(min_gap <= 0, int(StepCode.GAP_LOST_IN_ROUNDING), 0).astype(jnp.int32)
+    return code | jnp.where(stats.overflow, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
+
+
+@partial(jax.jit, static_argnames=("capacity",))
+def step(model: Model, params: Params, state: State, controls: Controls, dt, *, config: Config, capacity):
+    """Advance one timestep of length dt (s). Returns (new state, StepInfo); see module doc."""
+    x0 = state.x.astype(jnp.float64)
+    v0 = state.v.astype(jnp.float64)
+    dt = jnp.asarray(dt, jnp.float64)
+    x, cs, _, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
+    # storage precision, then the gap recheck on exactly what will be stored
+    x32 = x.astype(jnp.float32)
+    min_gap, st_r = recheck_rounded(model, x32, config, capacity)
+    stats = sinfo.stats.merge(st_r)
+    code = result_code(sinfo, overlap, min_gap, stats)
+    ok = code == 0
+    v_new = ((x32.astype(jnp.float64) - x0) / dt).astype(jnp.float32)
+    new_state = State(
+        x=jnp.where(ok, x32, state.x),
+        v=jnp.where(ok, v_new, state.v),
+        t=jnp.where(ok, state.t + dt, state.t),
+    )
+    info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
+                    stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work)
+    return new_state, info
+
+
+# --------------------------------------------------------------------------- host side
+
+class StepFailed(RuntimeError):
+    """A step that could not be completed; carries the StepCode and the report."""
+
+    def __init__(self, message, code=0, report=None):
+        super().__init__(message)
+        self.code = StepCode(int(code))
+        self.report = report
+
+
+class StepReport(NamedTuple):
+    """What :func:`advance` did: success, reason, per-substep figures and wall time."""
+
+    ok: bool
+    code: int
+    reason: str
+    substeps: int
+    max_depth: int
+    iterations: int
+    line_search_trials: int
+    min_step_bound: float
+    min_gap: float
+    reallocations: int
+    wall_s: float
+    capacity: object
+
+    def raise_if_failed(self):
+        if not self.ok:
+            raise StepFailed(f"step failed: {self.reason}", self.code, self)
+        return self
+
+
+def validate_state(model: Model, state: State):
+    """Reject wrong shapes and non-finite positions/velocities with a clear ValueError."""
+    n = model.n_particles
+    for name, a in (("x", state.x), ("v", state.v)):
+        a = np.asarray(a)
+        if a.shape != (n, 3):
+            raise ValueError(f"state.{name} must have shape ({n}, 3); got {a.shape}")
+        bad = ~np.isfinite(a).all(axis=1)
+        if bad.any():
+            i = int(np.argwhere(bad)[0, 0])
+            raise ValueError(f"state.{name}[{i}] is not finite: {a[i]}")
+
+
+@partial(jax.jit, static_argnames=("capacity",))
+def _gaps_at(model: Model, x, *, config: Config, capacity):
+    cs, st = query_contacts(x, x, model, config, capacity)
+    g, _, _ = contact_gaps(x, cs, model.radius, config.min_gap)
+    return g, cs.idx, cs.kind, st
+
+
+def check_geometry(model: Model, x, config: Config = Config(), capacity=None):
+    """Reject positions that overlap or interpenetrate, naming the primitives (host-side).
+
+    Raises:
+        ValueError: a stencil with gap g ≤ 0 (closer than its offset: min_gap for film,
+            R + min_gap/2 for sphere–face, Rᵢ + Rⱼ for sphere pairs), or an edge passing
+            through a triangle it shares no vertex with (checked independently by
+            :func:`ipcjax.audit.edge_face_intersections`).
+    Returns the capacity used (grown if needed).
+    """
+    from ipcjax.audit import edge_face_intersections
+    from ipcjax.candidates import ContactKind
+
+    x = jnp.asarray(np.asarray(x, dtype=np.float64))
+    cap = _cand.initial_capacity(model.topology) if capacity is None else capacity
+    while True:
+        g, idx, kind, st = _gaps_at(model, x, config=config, capacity=cap)
+        if not bool(st.overflow):
+            break
+        cap = _cand.grow_capacity(cap, int(st.n_vt), int(st.n_ee), int(st.n_sf), np.asarray(st.work))
+    g = np.asarray(g)
+    if g.size and g.min() <= 0:
+        i = int(np.argmin(g))
+        k = ContactKind(int(kind[i]))
+        names = {ContactKind.VT: "vertex {0} – triangle ({1}, {2}, {3})",
+                 ContactKind.EE: "edge ({0}, {1}) – edge ({2}, {3})",
+                 ContactKind.SF: "sphere {0} – triangle ({1}, {2}, {3})",
+                 ContactKind.SS: "sphere {0} – sphere {1}"}
+        what = names[k].format(*np.asarray(idx[i]).tolist())
+        raise ValueError(f"initial overlap: {what} has gap {g[i]:.3e} m ≤ 0 "
+                         f"({int((g <= 0).sum())} overlapping pair(s) in all)")
+    topo = model.topology
+    hits = edge_face_intersections(np.asarray(x), topo.triangles, topo.edges)
+    if len(hits):
+        fixed = np.asarray(topo.fixed)
+        e, t = topo.edges[hits[:, 0]], topo.triangles[hits[:, 1]]
+        moving = ~(fixed[e].all(axis=1) & fixed[t].all(axis=1))
+        hits = hits[moving]
+        if len(hits):
+            e, t = topo.edges[hits[0, 0]], topo.triangles[hits[0, 1]]
+            raise ValueError(f"edge-through-face penetration: edge {tuple(e.tolist())} passes through "
+                             f"triangle {tuple(t.tolist())} ({len(hits)} intersecting pair(s) in all)")
+    return cap
+
+
+def make_state(x, v=None, t=0.0) -> State:
+    """A :class:`State` in storage precision from array-likes (copies; never aliases input)."""
+    x = np.array(x, dtype=np.float32, copy=True)
+    v = np.zeros_like(x) if v is None else np.array(v, dtype=np.float32, copy=True)
+    return State(jnp.asarray(x), jnp.asarray(v), jnp.asarray(t, jnp.float64))
+
+
+def advance(model: Model, params: Params, state: State, controls: Controls, dt: float,
+            config: Config = Config(), capacity=None, *, validate: bool = True):
+    """Host driver: one timestep with capacity reallocation and step subdivision.
+
+    Returns (state, report). On failure after all subdivisions, or on a non-retryable
+    failure (initial overlap, factorization failure, non-finite values), the returned
+    state is the input state and ``report.ok`` is False with the reason.
+    """
+    t_start = time.perf_counter()
+    if validate:
+        validate_state(model, state)
+        capacity = check_geometry(model, state.x, config, capacity)
+    if capacity is None:
+        capacity = _cand.initial_capacity(model.topology)
+    acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0)
+
+    def run(st, h, depth):
+        nonlocal capacity
+        while True:
+            new, info = step(model, params, st, controls, h, config=config, capacity=capacity)
+            code = int(info.code)
+            if code & StepCode.CAPACITY_OVERFLOW:
+                capacity = _cand.grow_capacity(capacity, int(info.n_vt), int(info.n_ee), int(info.n_sf),
+                                               np.asarray(info.work))
+                acc["realloc"] += 1
+                continue
+            break
+        acc["iterations"] += int(info.iterations)
+        acc["trials"] += int(info.line_search_trials)
+        acc["amin"] = min(acc["amin"], float(info.min_step_bound))
+        if code == 0:
+            acc["substeps"] += 1
+            acc["max_depth"] = max(acc["max_depth"], depth)
+            acc["gmin"] = min(acc["gmin"], float(info.min_gap))
+            return new, 0
+        if (code & ~int(RETRYABLE)) or depth >= config.max_subdivisions:
+            return st, code
+        mid, c1 = run(st, 0.5 * h, depth + 1)
+        if c1:
+            return st, c1
+        end, c2 = run(mid, 0.5 * h, depth + 1)
+        return (end, 0) if c2 == 0 else (st, c2)
+
+    out, code = run(state, float(dt), 0)
+    report = StepReport(
+        ok=code == 0, code=code, reason=StepCode.describe(code), substeps=acc["substeps"],
+        max_depth=acc["max_depth"], iterations=acc["iterations"], line_search_trials=acc["trials"],
+        min_step_bound=acc["amin"], min_gap=acc["gmin"], reallocations=acc["realloc"],
+        wall_s=time.perf_counter() - t_start, capacity=capacity)
+    return (out if code == 0 else state), report
+
+
+def simulate(model: Model, params: Params, state: State, controls, steps: int, dt: float,
+             config: Config = Config(), *, callback=None):
+    """Host loop of :func:`advance` over ``steps`` timesteps.
+
+    Args:
+        controls: a :class:`Controls`, or a function ``(step_index, t) -> Controls``
+            for time-indexed supports and ties.
+        callback: optional ``(step_index, state, report) -> None`` after each step.
+    Returns:
+        (frames (steps+1, N, 3) float32, times (steps+1,), reports list).
+    Raises:
+        StepFailed: naming the step index, the time and the reason; the frames written so
+            far are attached as ``.frames``.
+    """
+    get = controls if callable(controls) else (lambda i, t: controls)
+    frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
+    capacity = None
+    for i in range(steps):
+        state, rep = advance(model, params, state, get(i, float(state.t)), dt, config, capacity,
+                             validate=(i == 0))
+        capacity = rep.capacity
+        if not rep.ok:
+            err = StepFailed(f"step {i} at t = {float(state.t):.5f} s failed: {rep.reason}", rep.code, rep)
+            err.frames = np.stack(frames)
+            raise err
+        frames.append(np.asarray(state.x))
+        times.append(float(state.t))
+        reports.append(rep)
+        if callback is not None:
+            callback(i, state, rep)
+    return np.stack(frames), np.asarray(times), reports

@@ -1,0 +1,188 @@
+"""One IPC timestep (spec §6 small reference solves): gaps, bounds, rejections, retries."""
+import ipctk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ipcjax import candidates as C
+from ipcjax.energies.bending import dihedral_angle
+from ipcjax.model import Config, Controls, Params
+from ipcjax.newton import query_contacts, step_bound
+from ipcjax.potential import StepContext, friction_set, gradient_and_hessian, incremental_potential
+from ipcjax.result import StepCode
+from ipcjax.step import advance, check_geometry, make_state, step
+from scenes.film import edge_edge_scene, hinge_scene, vertex_triangle_scene
+from tests.helpers import assert_nonzero, central_gradient, rel_err
+
+DT = 1.0 / 240.0
+CFG = Config()
+TIGHT = 5e-7  # m: the seed's post-release tolerance (0.0005 mm)
+
+
+def _min_vt_distance(x, n_film=3):
+    """Independent oracle: smallest film-vertex/obstacle-triangle and edge–edge distance (ipctk)."""
+    x = np.asarray(x, np.float64)
+    d = []
+    for p in range(n_film):
+        for tri in ([3, 4, 5],) if len(x) == 6 else ([3, 4, 5], [3, 6, 4]):
+            d.append(np.sqrt(ipctk.point_triangle_distance(x[p], *x[tri])))
+    return min(d)
+
+
+def _min_ee_distance(x):
+    x = np.asarray(x, np.float64)
+    film_edges = [(0, 1), (1, 2), (0, 2)]
+    ridge_edges = [(3, 4), (3, 5), (4, 5), (3, 6), (4, 6)]
+    return min(np.sqrt(ipctk.edge_edge_distance(x[a], x[b], x[c], x[d])) for a, b in film_edges for c, d in ridge_edges)
+
+
+def _run(sc, steps, params=None, config=CFG, tol=TIGHT):
+    m = sc["model"]
+    st = make_state(sc["x"], sc.get("v"))
+    ctl = Controls.empty(m.n_particles, tolerance=tol)
+    params = Params.film_defaults() if params is None else params
+    out, cap = [], None
+    for i in range(steps):
+        st, rep = advance(m, params, st, ctl, DT, config, cap, validate=(i == 0))
+        assert rep.ok, rep.reason
+        cap = rep.capacity
+        out.append((np.asarray(st.x), rep))
+    return out
+
+
+def test_vertex_triangle_scene_keeps_the_gap():
+    out = _run(vertex_triangle_scene(), 12)
+    dists = [_min_vt_distance(x) for x, _ in out]
+    assert min(dists) > CFG.min_gap  # mid-surface distance > 30 µm at every step
+    assert dists[-1] < 2e-3  # the triangle did come down into the barrier range
+    assert out[0][1].min_step_bound < 1.0  # the first step was limited by the bound
+
+
+def test_edge_edge_scene_keeps_the_gap():
+    out = _run(edge_edge_scene(), 12)
+    dists = [_min_ee_distance(x) for x, _ in out]
+    assert min(dists) > CFG.min_gap
+    assert dists[-1] < 2e-3
+
+
+def test_fast_crossing_attempt_is_bounded_below_half():
+    sc = vertex_triangle_scene()
+    m = sc["model"]
+    x = jnp.asarray(sc["x"])
+    gap0 = float(sc["x"][0, 2]) - CFG.min_gap
+    dx = jnp.zeros_like(x).at[0, 2].set(-2.0 * (gap0 + CFG.min_gap) - 1e-4)  # through the face
+    cs, _ = query_contacts(x, x + dx, m, CFG, C.initial_capacity(m.topology))
+    a = float(step_bound(x, dx, cs, m.radius, CFG))
+    assert 0.0 < a < 0.5
+    # and a whole step at 20 m/s (8 cm per step through a 2 mm gap) keeps the gap
+    fast = vertex_triangle_scene(speed=20.0)
+    out = _run(fast, 2)
+    assert out[0][1].min_step_bound < 0.5
+    assert min(_min_vt_distance(x) for x, _ in out) > CFG.min_gap
+
+
+def test_initial_overlap_is_rejected_and_input_untouched():
+    sc = vertex_triangle_scene()
+    x = sc["x"].copy()
+    x[0, 2] = 1e-5  # 10 µm above the obstacle: closer than min_gap
+    keep = x.copy()
+    st = make_state(x)
+    with pytest.raises(ValueError, match=r"initial overlap: vertex 0 – triangle \(3, 4, 5\)"):
+        advance(sc["model"], Params.film_defaults(), st, Controls.empty(6), DT)
+    assert np.array_equal(x, keep)
+
+
+def test_edge_through_face_is_rejected():
+    sc = vertex_triangle_scene()
+    x = sc["x"].copy()
+    x[0, 2] = -0.003  # vertex 0 below the obstacle plane: edges (0,1), (0,2) pierce it
+    with pytest.raises(ValueError, match="edge-through-face penetration"):
+        check_geometry(sc["model"], x)
+
+
+def test_failed_step_returns_input_state_unchanged():
+    sc = vertex_triangle_scene(speed=20.0)
+    m = sc["model"]
+    x_in, v_in = sc["x"].copy(), sc["v"].copy()
+    st = make_state(x_in, v_in)
+    cfg = Config(max_newton=1, max_subdivisions=0)
+    new, rep = advance(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, cfg)
+    assert not rep.ok and rep.code & StepCode.ITERATION_CAP
+    assert "iteration cap" in rep.reason
+    assert new is st and np.array_equal(np.asarray(new.x), x_in.astype(np.float32))
+    assert np.array_equal(x_in, sc["x"]) and np.array_equal(v_in, sc["v"])
+    # the jitted core reports the same and keeps its input too
+    out, info = step(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg,
+                     capacity=C.initial_capacity(m.topology))
+    assert int(info.code) & StepCode.ITERATION_CAP
+    assert np.array_equal(np.asarray(out.x), np.asarray(st.x))
+
+
+def test_subdivision_rescues_an_eight_iteration_cap():
+    sc = vertex_triangle_scene(speed=20.0)
+    cfg = Config(max_newton=8)
+    st = make_state(sc["x"], sc["v"])
+    new, rep = advance(sc["model"], Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, cfg)
+    assert rep.ok, rep.reason
+    assert rep.max_depth >= 1 and rep.substeps >= 2
+    assert float(new.t) == pytest.approx(DT)
+    assert _min_vt_distance(np.asarray(new.x)) > CFG.min_gap
+
+
+def test_hinge_scene_relaxes_its_angle():
+    sc = hinge_scene()
+    m = sc["model"]
+    h = np.asarray(m.hinges)[0]
+    theta = lambda x: float(np.degrees(dihedral_angle(*np.asarray(x, np.float64)[h])))
+    start = theta(sc["x"])
+    assert abs(abs(start) - 14.036) < 1e-3
+    out = _run(dict(model=m, x=sc["x"]), 12, Params.film_defaults(gravity=(0.0, 0.0, 0.0)))
+    end = theta(out[-1][0])
+    assert abs(end) < 0.5 * abs(start)
+
+
+def test_determinism_and_no_recompilation():
+    sc = vertex_triangle_scene()
+    m = sc["model"]
+    cap = C.initial_capacity(m.topology)
+    st = make_state(sc["x"], sc["v"])
+    ctl = Controls.empty(6, tolerance=TIGHT)
+    p = Params.film_defaults()
+    a, _ = step(m, p, st, ctl, DT, config=CFG, capacity=cap)
+    n_compiled = step._cache_size()
+    b, _ = step(m, p, st, ctl, DT, config=CFG, capacity=cap)
+    c, _ = step(m, p, a, ctl, DT / 2, config=CFG, capacity=cap)  # new values, same shapes
+    assert step._cache_size() == n_compiled
+    assert np.array_equal(np.asarray(a.x), np.asarray(b.x)) and np.array_equal(np.asarray(a.v), np.asarray(b.v))
+
+
+@pytest.mark.parametrize("cfg", [Config(), Config(membrane="stvk", bending="discrete_shell")])
+def test_assembled_gradient_matches_autodiff_and_central_differences(cfg):
+    """§6: assembled-energy gradient against autodiff and central differences, in contact."""
+    sc = vertex_triangle_scene()
+    m = sc["model"]
+    rng = np.random.default_rng(0)
+    x = sc["x"].copy()
+    x[:3] += rng.normal(size=(3, 3)) * 1e-4
+    x[0, 2] = 4e-4  # inside the barrier range of the obstacle
+    x0 = sc["x"].copy(); x0[0, 2] = 5e-4
+    x, x0 = jnp.asarray(x), jnp.asarray(x0)
+    p = Params.film_defaults()
+    cap = C.initial_capacity(m.topology)
+    cs, _ = query_contacts(x0, x, m, cfg, cap)
+    ctl = Controls.empty(6)._replace(
+        support_index=jnp.array([1], jnp.int32), support_k=jnp.array([5.0]),
+        support_target=jnp.array([[0.011, 0.001, 0.009]]))
+    y = x0 + jnp.asarray(rng.normal(size=(6, 3))) * 1e-4
+    ctx = StepContext(x0=x0, y=y, dt=jnp.asarray(DT), friction=friction_set(x0, cs, m.radius, p, cfg))
+    assert float(jnp.max(ctx.friction.load)) > 0  # friction is active in this configuration
+    phi = lambda z: incremental_potential(z, m, p, ctl, ctx, cs, cfg)
+    g, H = gradient_and_hessian(x, m, p, ctl, ctx, cs, cfg)
+    free = np.asarray(m.free_particles)
+    g_ad = np.asarray(jax.grad(phi)(x))[free].reshape(-1)
+    assert_nonzero(g)
+    assert rel_err(g, g_ad) < 1e-9
+    fd = central_gradient(lambda z: float(phi(jnp.asarray(z))), np.asarray(x), h=1e-8)[free].reshape(-1)
+    assert rel_err(g, fd) < 1e-6
+    assert np.linalg.eigvalsh(np.asarray(H)).min() > 0  # SPD: inertia + PSD terms
