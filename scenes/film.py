@@ -156,3 +156,19 @@ def fold_scene(n: int = 8, size: float = 0.06, lift: float = 0.004):
                             support_k=jnp.full(2 * n, 20.0), support_target=jnp.asarray(target))
 
     return dict(model=model, x=x, controls=controls, duration=duration, film_triangles=tris)
+
+
+def hanging_scene(n: int = 5, size: float = 0.03):
+    """A film grid hanging from its fixed top row (no contact): for smooth-gradient checks.
+
+    The grid lies in the xz-plane; row y = +size/2 → top row at z = 0 is fixed.
+    Returns dict(model, x).
+    """
+    pos, tris = film_grid(n, size)
+    x = np.stack([pos[:, 0], np.zeros(len(pos)), pos[:, 1]], axis=1)  # vertical sheet
+    fixed = np.zeros(len(pos), bool)
+    fixed[n * (n - 1):] = True
+    m = lumped_mass(pos, tris)
+    m[fixed] = 0.0
+    model = build_model(x, tris, m, fixed=fixed)
+    return dict(model=model, x=x)

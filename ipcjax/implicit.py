@@ -1,0 +1,127 @@
+"""Gradients through the step solve: implicit-function VJP and differentiable rollouts.
+
+At the converged x* of one step, the free-DOF gradient of the incremental potential
+vanishes: G(x*; θ) = ∇ₓΦ(x*; θ) = 0, with θ = (params, x₀, v₀, controls, dt). The
+implicit-function theorem gives dx*/dθ = −H⁻¹ ∂G/∂θ with H = ∂G/∂x, so for a cotangent x̄
+
+    u = −H⁻¹ x̄          (one linear solve with the Hessian at x*)
+    θ̄ = uᵀ ∂G/∂θ        (one VJP of θ ↦ ∇ₓΦ(x*; θ))
+
+Approximations, each documented in docs/differentiation.md:
+
+* the candidate stencils, the active set and the lagged friction stencils of the step are
+  held fixed in the backward pass (the friction loads λ = μf(−B′(g₀)), weights and normals
+  are still differentiated through their dependence on x₀, μf and k);
+* ``hessian="exact"`` (default) uses ∇²Φ assembled from exact element Hessians (the
+  barrier's includes B′∇²d); ``hessian="projected"`` reuses the PSD Hessian of the
+  forward Newton solve — cheaper and always factorizable, but only approximate;
+* FP32 rounding of the stored positions passes the cotangent through unchanged;
+* fixed particles satisfy x*ᵢ = x₀ᵢ, so their cotangent flows straight to x₀.
+
+Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
+at the saved x*, so a rollout stores per step only x*, the step's inputs and its contact
+stencils.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from ipcjax.model import Config, Controls, Model, Params
+from ipcjax.potential import gradient_and_hessian, incremental_potential
+from ipcjax.result import StepCode
+from ipcjax.step import recheck_rounded, result_code, solve_positions, step_context
+
+
+def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts, contacts0, config):
+    """G(θ) = ∇ₓΦ(x*; θ) over the free DOFs, with x*'s fixed entries tied to x₀."""
+    x = jnp.where(model.fixed[:, None], x0, x_star)
+    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
+    g = jax.grad(incremental_potential)(x, model, params, controls, ctx, contacts, config)
+    return g[model.free_particles].reshape(-1)
+
+
+def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"):
+    """A differentiable ``solve(params, x0, v0, controls, dt) -> (x*, code)`` for one step.
+
+    x* is the unrounded FP64 minimiser; ``code`` is the solve's StepCode (int32). The
+    VJP is the implicit one described in the module docstring.
+    """
+    if hessian not in ("exact", "projected"):
+        raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+
+    def forward(params, x0, v0, controls, dt):
+        x, cs, cs0, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
+        code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
+        return (x, code), (cs, cs0)
+
+    @jax.custom_vjp
+    def solve(params, x0, v0, controls, dt):
+        return forward(params, x0, v0, controls, dt)[0]
+
+    def fwd(params, x0, v0, controls, dt):
+        (x, code), (cs, cs0) = forward(params, x0, v0, controls, dt)
+        return (x, code), (x, cs, cs0, params, x0, v0, controls, dt)
+
+    def bwd(res, cot):
+        x, cs, cs0, params, x0, v0, controls, dt = res
+        xbar = cot[0]
+        fp = model.free_particles
+        ctx = step_context(model, params, x0, v0, controls, dt, cs0, config)
+        _, H = gradient_and_hessian(x, model, params, controls, ctx, cs, config, exact=(hessian == "exact"))
+        rhs = -xbar[fp].reshape(-1)
+        if hessian == "exact":
+            u = jnp.linalg.solve(H, rhs)
+        else:
+            u = jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
+        G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config)
+        _, vjp = jax.vjp(G, params, x0, v0, controls, dt)
+        gp, gx0, gv0, gc, gdt = vjp(u)
+        gx0 = gx0 + jnp.where(model.fixed[:, None], xbar, 0.0)
+        return gp, gx0, gv0, gc, gdt
+
+    solve.defvjp(fwd, bwd)
+    return solve
+
+
+def make_rollout(model: Model, config: Config, capacity, *, hessian: str = "exact", round_fp32: bool = True):
+    """A differentiable rollout ``(params, x0, v0, controls_seq, dt) -> (frames, velocities, codes)``.
+
+    ``controls_seq`` is a :class:`Controls` whose leaves carry a leading time axis (T, …),
+    so supports, ties and forces can be time-indexed. The loop is a ``lax.scan`` over the
+    implicit-VJP step; a failed step (non-zero code) keeps its input state and the code
+    is returned per step, so the host can stop with the step index and reason.
+    Returns frames (T, N, 3), velocities (T, N, 3) (FP64; FP32-rounded values when
+    ``round_fp32``) and codes (T,) int32.
+    """
+    solve = make_solve(model, config, capacity, hessian=hessian)
+
+    def rollout(params, x0, v0, controls_seq, dt):
+        dt = jnp.asarray(dt, jnp.float64)
+
+        def body(carry, ctl):
+            x, v = carry
+            x_new, code = solve(params, x, v, ctl, dt)
+            if round_fp32:
+                x32 = x_new.astype(jnp.float32)
+                gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
+                code = code | jnp.where(gap <= 0, int(StepCode.GAP_LOST_IN_ROUNDING), 0).astype(jnp.int32)
+                code = code | jnp.where(st.overflow, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
+                x_new = x32.astype(jnp.float64)
+            v_new = (x_new - x) / dt
+            ok = code == 0
+            x_out = jnp.where(ok, x_new, x)
+            v_out = jnp.where(ok, v_new, v)
+            return (x_out, v_out), (x_out, v_out, code)
+
+        _, (frames, vels, codes) = jax.lax.scan(body, (jnp.asarray(x0, jnp.float64), jnp.asarray(v0, jnp.float64)),
+                                                controls_seq)
+        return frames, vels, codes
+
+    return rollout
+
+
+def stack_controls(controls_list) -> Controls:
+    """Stack a list of per-step :class:`Controls` (same shapes) into a time-indexed one."""
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *controls_list)
