@@ -172,3 +172,18 @@ def hanging_scene(n: int = 5, size: float = 0.03):
     m[fixed] = 0.0
     model = build_model(x, tris, m, fixed=fixed)
     return dict(model=model, x=x)
+
+
+def cantilever_scene(n: int = 5, size: float = 0.02, clamp_columns: int = 2):
+    """A horizontal film clamped along one side, drooping under gravity: bending-dominated.
+
+    Returns dict(model, x, tip) with ``tip`` the indices of the free edge's vertices.
+    """
+    pos, tris = film_grid(n, size, z=0.05)
+    fixed = np.zeros(len(pos), bool)
+    cols = np.arange(len(pos)) % n
+    fixed[cols < clamp_columns] = True
+    m = lumped_mass(pos, tris)
+    m[fixed] = 0.0
+    model = build_model(pos, tris, m, fixed=fixed)
+    return dict(model=model, x=pos, tip=np.flatnonzero(cols == n - 1))
