@@ -73,9 +73,147 @@ def _drape(argv):
     return 0 if len(reports) == args.steps and audit["frames_with_self_intersection"] == 0 else 1
 
 
+def _finite_or_none(obj):
+    """JSON-safe copy: non-finite floats (an unmeasured gap is +inf) become null."""
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _bag(argv):
+    ap = argparse.ArgumentParser(prog="ipcjax bag", description=(
+        "The bag experiment (spec §5): place a 30 µm disk bag over a bin, drop seven spheres, carry "
+        "the bag to the floor, unfold, gather, cinch, tie and release. Writes trajectory.npz, "
+        "state.npz (for --resume) and summary.json (measurements and self-intersection audit) to --out."))
+    ap.add_argument("--until", type=float, default=10.5, help="simulated end time in s (default 10.5)")
+    ap.add_argument("--save-every", type=int, default=1, help="save every n-th step's frame (default 1)")
+    ap.add_argument("--resolution", choices=["full", "coarse"], default="full",
+                    help="full: 15 rings × 32 columns (481 vertices); coarse: 7 × 12 (85)")
+    ap.add_argument("--out", default="runs/bag", help="run folder (default runs/bag)")
+    ap.add_argument("--resume", default=None, help="state .npz written by an earlier run (its state.npz)")
+    ap.add_argument("--checkpoint-every", type=int, default=120,
+                    help="rewrite trajectory.npz and state.npz every n steps (default 120)")
+    args = ap.parse_args(argv)
+    if args.save_every < 1 or args.checkpoint_every < 1:
+        ap.error("--save-every and --checkpoint-every must be ≥ 1")
+
+    from tqdm import tqdm
+
+    from ipcjax.audit import audit_trajectory
+    from ipcjax.step import advance, make_state
+    from scenes.bag import UnfoldIncomplete, check_unfolded, bag_scene, measurements
+
+    sc = bag_scene(args.resolution)
+    model, params, config, dt = sc["model"], sc["params"], sc["config"], sc["dt"]
+    choreo = sc["choreography"]
+    film_idx, sph_idx = sc["film"], sc["spheres"]
+    t_unfold_end = choreo.track("unfold").t_off
+    os.makedirs(args.out, exist_ok=True)
+    traj_path = os.path.join(args.out, "trajectory.npz")
+    state_path = os.path.join(args.out, "state.npz")
+
+    step_index, unfold_checked = 0, False
+    if args.resume:
+        rs = np.load(args.resume)
+        if str(rs["resolution"]) != args.resolution:
+            ap.error(f"--resume state is for resolution {rs['resolution']}, not {args.resolution}")
+        state = make_state(rs["x"], rs["v"], float(rs["t"]))
+        step_index, unfold_checked = int(rs["step"]), bool(rs["unfold_checked"])
+        choreo.load_captures(rs)
+    else:
+        state = make_state(sc["x"])
+    frames_f, frames_s, times = [], [], []
+    if args.resume and os.path.exists(traj_path):
+        tr = np.load(traj_path)
+        keep = tr["time"] <= float(state.t) + 1e-9
+        frames_f, frames_s, times = list(tr["film"][keep]), list(tr["spheres"][keep]), list(tr["time"][keep])
+    if not times or times[-1] < float(state.t) - 1e-9:
+        x = np.asarray(state.x)
+        frames_f.append(x[film_idx]); frames_s.append(x[sph_idx]); times.append(float(state.t))
+
+    def write():
+        np.savez_compressed(traj_path, film=np.stack(frames_f), spheres=np.stack(frames_s),
+                            faces=sc["faces"], time=np.asarray(times))
+        np.savez(state_path, x=np.asarray(state.x), v=np.asarray(state.v), t=float(state.t), step=step_index,
+                 unfold_checked=unfold_checked, resolution=args.resolution, **choreo.captures_npz())
+
+    n_total = int(round(args.until / dt))
+    bar = tqdm(total=max(n_total - step_index, 0), desc="bag", unit="step")
+    failure, reports, capacity = None, [], None
+    min_gap = np.inf
+    wall0 = time.perf_counter()
+    first = True
+    while step_index < n_total:
+        t = float(state.t)
+        phase = choreo.phase_at(t)
+        x_now = np.asarray(state.x)
+        choreo.observe(t, x_now)
+        if not unfold_checked and t >= t_unfold_end - 1e-9:
+            try:
+                check_unfolded(x_now, sc["mesh"])
+            except UnfoldIncomplete as e:
+                failure = dict(phase="unfold", time_s=t, reason=f"unfold check: {e}", columns=e.columns)
+                break
+            unfold_checked = True
+        try:
+            state_new, rep = advance(model, params, state, choreo.controls_at(step_index, t), dt, config,
+                                     capacity, validate=first)
+        except KeyboardInterrupt:  # keep everything so far; --resume continues from here
+            failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
+            break
+        first = False
+        capacity = rep.capacity
+        if not rep.ok:
+            failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))
+            break
+        state = state_new
+        step_index += 1
+        reports.append(rep)
+        min_gap = min(min_gap, rep.min_gap)
+        if step_index % args.save_every == 0 or step_index == n_total:
+            x = np.asarray(state.x)
+            frames_f.append(x[film_idx]); frames_s.append(x[sph_idx]); times.append(float(state.t))
+        if step_index % args.checkpoint_every == 0:
+            write()
+        bar.update(1)
+        bar.set_postfix(phase=phase, t=f"{float(state.t):.3f}s", gap=f"{rep.min_gap * 1e3:.4f}mm",
+                        newton=rep.iterations, depth=rep.max_depth)
+    bar.close()
+    wall = time.perf_counter() - wall0
+    write()
+    if failure:
+        print(f"bag: stopped in phase {failure['phase']!r} at t = {failure['time_s']:.4f} s: {failure['reason']}",
+              file=sys.stderr)
+    film, sph = np.stack(frames_f), np.stack(frames_s)
+    audit = audit_trajectory(np.concatenate([film, sph], axis=1), sc["faces"],
+                             np.arange(film.shape[1], film.shape[1] + sph.shape[1]), sc["sphere_radius"])
+    summary = dict(
+        resolution=args.resolution, steps_this_run=len(reports), step_index=step_index,
+        simulated_s=float(state.t), wall_s=wall, steps_per_s=len(reports) / wall if wall > 0 else None,
+        newton_iterations=int(sum(r.iterations for r in reports)),
+        max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
+        min_gap_m=float(min_gap), unfold_checked=unfold_checked, failure=failure,
+        measurements=measurements(film, sph, np.asarray(times), sc),
+        audit=dict(frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
+                   min_film_film_m=float(np.min(audit["min_film_film"])),
+                   min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
+    )
+    summary = _finite_or_none(summary)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps(summary, indent=2))
+    return 1 if failure or audit["frames_with_self_intersection"] else 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    jobs = {"drape": _drape}
+    jobs = {"drape": _drape, "bag": _bag}
     try:
         from ipcjax import verlet as _verlet
         jobs["verlet"] = _verlet.main

@@ -1,0 +1,619 @@
+"""The bag experiment (spec §1, §5): a 30 µm disk bag, an open bin, a floor, seven spheres,
+and the spreading / cinching / tying choreography as data.
+
+Built only from the library's public API (``build_model``, ``Params``, ``Controls``,
+``Config``, ``ipcjax.audit``).
+
+Geometry (SI units; z up; the floor is the plane z = 0)
+------------------------------------------------------
+* **Bag mesh** (:func:`bag_mesh`): vertex 0 is the centre; ring r = 1..R holds C points
+  at angles 2π c / C, vertex index 1 + (r − 1) C + c. Defaults R = 15, C = 32 give 481
+  vertices and C + 2C(R − 1) = 928 triangles; the rim is ring R (449–480) and the neck
+  ring is ring 11 (321–352). For other ring counts the neck ring is ``round(11 R / 15)``
+  (R = 7 → ring 5), the same proportion.
+* **Radii** (spec leaves the inner rings open). The disk radius is 0.24 m. The outer
+  rings, neck ring to rim, are equally spaced so that the reference edges along each
+  column across them sum to 0.030 m (7.5 mm per edge at the defaults). The rings inside
+  the neck are equally spaced in radius from the centre to the neck ring at 0.21 m
+  (19.1 mm at the defaults, 42 mm for the coarse bag). Why 0.24 m: set on the floor,
+  the film from the centre to the neck (0.21 m) is long enough to wrap the seven spheres
+  (a cluster ≈ 0.12 m across and ≈ 0.07 m tall) and meet above them; held by its rim over
+  the bin, the inner part sags into the bin, whose bottom lies 0.106 m down.
+* **Bin**: four vertical walls 106 mm tall around a 0.20 × 0.20 m footprint centred at
+  the origin, standing on the floor (the floor is the bin's bottom). Why 0.20 m: the
+  three 52 mm and one 50 mm spheres fit side by side (2 × 2 = 104 mm) with room for the
+  film, and the place phase's 0.12 m hand circle lies just outside the wall tops along
+  the axes, so the film drapes over them into the bin. Walls are fixed triangles in
+  ≈ 5 cm cells (zero-mass fixed vertices).
+* **Floor**: fixed triangles in 5 cm cells over x ∈ [−0.30, 0.75], y ∈ [−0.35, 0.35],
+  covering the bin and the set-down place at x = 0.40 m. Cells of ≈ 5 cm keep the broad
+  phase's grid from entering one huge obstacle box into thousands of cells.
+* **Spheres** (particles N_f … N_f + 6): radii 26, 26, 26, 12, 12, 12, 25 mm; masses
+  250 kg/m³ · 4πR³/3. They wait above the bag mouth, gravity cancelled through
+  ``Controls.force = −m g`` until their drop time: the three 26 mm spheres at angles
+  90°, 210°, 330° on a 35 mm circle at z = 0.26 m, the three 12 mm spheres at 30°, 150°,
+  270° at z = 0.30 m, the 25 mm sphere on the axis at z = 0.34 m (all pairwise
+  surface gaps ≥ 8 mm; all above the highest point the rim passes, 0.20 m).
+* The film starts flat at z = 0.14 m (34 mm above the wall tops), centred over the bin.
+
+Choreography (``Choreography``; spec §5 times, paths are our choice)
+-------------------------------------------------------------------
+Support tracks are rows of data: a name, [t_on, t_off), particle indices, a stiffness
+per particle (N/m) and keyframes (time, targets). A keyframe's targets are an (n, 3)
+array, or ``CAPTURE``: the supported points' positions when the track starts (a hand
+grabs the film where it is; :meth:`Choreography.observe` records them). Between
+keyframes targets move along a smoothstep (zero velocity at each keyframe). Every
+track has its own fixed block of support slots in ``Controls`` (k = 0 while inactive),
+so shapes never change across the run.
+
+=========  ===========  ================================  ======  ====================================
+track      time (s)     particles                          k N/m   path
+=========  ===========  ================================  ======  ====================================
+place      0.00–2.00    all rim points                     20      flat → circle r 0.13 m, z 0.20 (0.36 s)
+                                                                   → circle r 0.12 m, z 0.17 (0.72 s), hold
+lift       2.00–4.70    rim columns 0 and C/2              300     CAPTURE → up to z 0.40 and in to
+                                                                   x = ±0.03 m (2.90) → over to x 0.40
+                                                                   (3.70) → down to z 0.10 (4.50), hold
+unfold     4.70–6.05    all rim points                     10      CAPTURE → circle r 0.11 m, z 0.14 m
+                                                                   about (0.40, 0) (5.70), hold
+gather     6.05–7.40    all rim points                     10      unfold circle → circle r 0.025 m,
+                                                                   z 0.15 (7.10), hold
+flap       7.40–9.40    5 rim columns round(jC/5)           50      gather circle, hold to 8.75 → circle
+                                                                   r 0.035 m, z 0.135 (9.40)
+cinch      7.40–9.40    every other column of the two       50      CAPTURE → circle r 0.015 m, neck band
+                        neck bands (rings neck, neck − 1)           z 0.12, lower band 0.6·(ring gap)
+                                                                   below (8.40), hold
+=========  ===========  ================================  ======  ====================================
+
+* Why the place circle is 0.12 m at z 0.17 m: it is about what the film reaches without
+  pleating. A flat disk can only become a sack by folding circumferentially, which 12
+  columns cannot do (membrane locking). With a tighter 0.08 m circle at z 0.13 m the
+  coarse rim lagged ≈ 4 cm behind its targets, the supports and the compressed membrane
+  stored ≈ 0.3 J, and when the place supports let go at 2.00 s the film sprang back and
+  launched the spheres out of the bag (first coarse run).
+* Known limit (coarse bag): the rim's reference length is 2π·0.24 m ≈ 1.5 m on C points;
+  any hand circle much smaller than the rim forces the rim polygon into a zigzag of
+  alternating height and radius, since a 12-column ring cannot pleat. In the coarse runs
+  this made 5 of 12 columns fail :func:`check_unfolded` at 6.05 s for both unfold circles
+  tried (r 0.11 m at z 0.14 m, kept here, and r 0.08 m at z 0.15 m).
+* Drops: sphere j (in the order 26, 26, 26, 12, 12, 12, 25 mm) gets gravity from
+  0.89 + j (1.60 − 0.89)/6 s.
+* Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between consecutive
+  cinched points around each band (closed loop) and between the two bands' points in
+  the same column. Lᵢⱼ starts at the captured length at 8.40 s (no jolt) and follows a
+  smoothstep to min(captured, target) by 8.75 s; targets: chords of a 12 mm circle
+  within a band, 0.6 of the reference ring gap between bands.
+* Tolerance: 0.012 mm until 9.40 s, 0.0005 mm after (all supports released).
+* Timing convention of :meth:`Choreography.controls_at` ``(step_index, t)``: t is the
+  step's start time. Activity (supports, ties, gravity cancellation, tolerance) is
+  decided at the start time; targets and tie lengths are evaluated at the step's end
+  time t + dt, the instant the implicit step solves for.
+* The spec's check that all columns unfold upward (:func:`check_unfolded`) runs when the
+  unfold track ends (6.05 s): along every column, z must increase strictly from the neck
+  ring to the rim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+import ipcjax  # noqa: F401  (enables float64)
+from ipcjax.model import Config, Controls, Params, build_model
+from scenes.film import FILM_DENSITY, FILM_THICKNESS, lumped_mass
+
+DT = 1.0 / 240.0
+BIN_HEIGHT = 0.106
+BIN_HALF = 0.10
+SPHERE_RADII = (0.026, 0.026, 0.026, 0.012, 0.012, 0.012, 0.025)
+SPHERE_DENSITY = 250.0
+DISK_RADIUS = 0.24
+NECK_TO_RIM = 0.030
+FILM_Z0 = 0.14
+SET_DOWN = np.array([0.40, 0.0])
+TOL_MANIPULATION = 0.012e-3
+TOL_RELEASED = 0.0005e-3
+T_RELEASE = 9.40
+T_END = 10.50
+TIE_K = 250.0
+EPS_T = 1e-9  # s: comparisons of accumulated step times against phase boundaries
+
+# Named phases, for progress display and for the measurements' windows (spec §5).
+PHASES = (
+    ("place", 0.00, 0.72), ("hold", 0.72, 0.89), ("drops", 0.89, 1.60), ("settle", 1.60, 2.00),
+    ("lift", 2.00, 4.70), ("unfold", 4.70, 6.05), ("gather", 6.05, 7.10), ("hold flap", 7.10, 7.40),
+    ("cinch", 7.40, 8.40), ("tie", 8.40, 8.75), ("lower flap", 8.75, 9.40), ("released", 9.40, T_END),
+)
+
+CAPTURE = "capture"
+
+
+# --------------------------------------------------------------------------- mesh
+
+class BagMesh(NamedTuple):
+    x: np.ndarray          # (1 + R C, 3) reference positions (flat disk at z = 0), m
+    triangles: np.ndarray  # (C + 2C(R − 1), 3) int32
+    ring_radius: np.ndarray  # (R + 1,) radius of ring r (ring 0 = centre), m
+    rings: int
+    columns: int
+    neck_ring: int
+    rim: np.ndarray        # (C,) indices of ring R
+    neck: np.ndarray       # (C,) indices of the neck ring
+
+
+def ring_index(ring: int, column, columns: int):
+    """Vertex index of (ring ≥ 1, column) in :func:`bag_mesh`'s numbering."""
+    return 1 + (ring - 1) * columns + np.mod(column, columns)
+
+
+def neck_ring_of(rings: int) -> int:
+    """The neck ring for a bag of ``rings`` rings: ring 11 of 15, same proportion otherwise."""
+    neck = int(round(11 * rings / 15))
+    return min(max(neck, 1), rings - 1)
+
+
+def bag_mesh(rings: int = 15, columns: int = 32, radius: float = DISK_RADIUS,
+             neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
+    """Flat disk bag: a centre vertex and ``rings`` rings of ``columns`` points.
+
+    Ring radii: rings neck…R equally spaced with (R − neck) edges summing to
+    ``neck_to_rim`` (m); rings 1…neck equally spaced from 0 to ``radius − neck_to_rim``.
+    Triangles are counter-clockwise seen from +z; the diagonal of each quad alternates
+    with (ring + column) parity so the mesh has no spiral bias.
+    """
+    if rings < 2 or columns < 3:
+        raise ValueError(f"a bag needs rings ≥ 2 and columns ≥ 3; got rings={rings}, columns={columns}")
+    if not 0 < neck_to_rim < radius:
+        raise ValueError(f"need 0 < neck_to_rim < radius; got {neck_to_rim}, {radius}")
+    neck = neck_ring_of(rings)
+    r_neck = radius - neck_to_rim
+    rr = np.empty(rings + 1)
+    rr[: neck + 1] = np.linspace(0.0, r_neck, neck + 1)
+    rr[neck:] = np.linspace(r_neck, radius, rings - neck + 1)
+    ang = 2 * np.pi * np.arange(columns) / columns
+    x = [np.zeros(3)]
+    for r in range(1, rings + 1):
+        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.zeros(columns)], axis=1))
+    x = np.asarray(x)
+    tris = []
+    for k in range(columns):
+        tris.append((0, ring_index(1, k, columns), ring_index(1, k + 1, columns)))
+    for r in range(1, rings):
+        for k in range(columns):
+            a, b = ring_index(r, k, columns), ring_index(r, k + 1, columns)
+            A, B = ring_index(r + 1, k, columns), ring_index(r + 1, k + 1, columns)
+            if (r + k) % 2 == 0:
+                tris += [(a, A, B), (a, B, b)]
+            else:
+                tris += [(a, A, b), (b, A, B)]
+    return BagMesh(x=x, triangles=np.asarray(tris, np.int32), ring_radius=rr, rings=rings,
+                   columns=columns, neck_ring=neck, rim=ring_index(rings, np.arange(columns), columns),
+                   neck=ring_index(neck, np.arange(columns), columns))
+
+
+# --------------------------------------------------------------------------- obstacles
+
+def _grid_quads(origin, u, v, nu, nv):
+    """Vertices and triangles of a planar nu × nv cell grid spanned by vectors u, v."""
+    i, j = np.meshgrid(np.arange(nu + 1), np.arange(nv + 1), indexing="ij")
+    pts = origin + i.reshape(-1, 1) * (u / nu) + j.reshape(-1, 1) * (v / nv)
+    idx = lambda a, b: a * (nv + 1) + b
+    tris = []
+    for a in range(nu):
+        for b in range(nv):
+            tris += [(idx(a, b), idx(a + 1, b), idx(a + 1, b + 1)), (idx(a, b), idx(a + 1, b + 1), idx(a, b + 1))]
+    return pts, np.asarray(tris, np.int64)
+
+
+def bin_and_floor(cell: float = 0.05):
+    """Fixed obstacle surfaces: four bin walls and the floor. Returns (bin (x, tris), floor (x, tris))."""
+    h, H = BIN_HALF, BIN_HEIGHT
+    nw, nh = max(1, int(np.ceil(2 * h / cell))), max(1, int(np.ceil(H / cell)))
+    corners = [(-h, -h), (h, -h), (h, h), (-h, h)]
+    pts, tris = [], []
+    for k in range(4):
+        p0 = np.array([*corners[k], 0.0])
+        p1 = np.array([*corners[(k + 1) % 4], 0.0])
+        q, t = _grid_quads(p0, p1 - p0, np.array([0.0, 0.0, H]), nw, nh)
+        tris.append(t + sum(len(p) for p in pts))
+        pts.append(q)
+    bin_x, bin_t = np.concatenate(pts), np.concatenate(tris)
+    x0, x1, y0, y1 = -0.30, 0.75, -0.35, 0.35
+    fx, ft = _grid_quads(np.array([x0, y0, 0.0]), np.array([x1 - x0, 0, 0]), np.array([0, y1 - y0, 0.0]),
+                         int(round((x1 - x0) / cell)), int(round((y1 - y0) / cell)))
+    return (bin_x, bin_t), (fx, ft)
+
+
+def sphere_start():
+    """(7, 3) sphere centres waiting above the bag mouth (see module docstring)."""
+    out = []
+    for j, deg in enumerate((90, 210, 330)):
+        a = np.radians(deg)
+        out.append((0.035 * np.cos(a), 0.035 * np.sin(a), 0.26))
+    for deg in (30, 150, 270):
+        a = np.radians(deg)
+        out.append((0.035 * np.cos(a), 0.035 * np.sin(a), 0.30))
+    out.append((0.0, 0.0, 0.34))
+    return np.asarray(out)
+
+
+# --------------------------------------------------------------------------- choreography
+
+def smoothstep(s):
+    s = np.clip(s, 0.0, 1.0)
+    return s * s * (3.0 - 2.0 * s)
+
+
+@dataclass
+class SupportTrack:
+    """One hand: ½ k ‖xᵢ − targetᵢ(t)‖² on ``index`` while t_on ≤ t < t_off.
+
+    keys: list of (time s, (n, 3) targets or CAPTURE).
+    """
+
+    name: str
+    t_on: float
+    t_off: float
+    index: np.ndarray
+    k: float
+    keys: list
+
+    def needs_capture(self) -> bool:
+        return any(isinstance(v, str) for _, v in self.keys)
+
+
+@dataclass
+class TieTrack:
+    """Tie springs ½ k (‖xᵢ − xⱼ‖ − L(t))² from t_on; L goes from the captured lengths to
+    min(captured, target) along a smoothstep ending at t_full."""
+
+    name: str
+    t_on: float
+    t_full: float
+    pairs: np.ndarray   # (Q, 2)
+    k: float
+    target: np.ndarray  # (Q,) m
+
+
+def _path(keys, t, captured):
+    """Targets at time t along the smoothstep keyframe path."""
+    vals = [captured if isinstance(v, str) else np.asarray(v) for _, v in keys]
+    times = [tk for tk, _ in keys]
+    if t <= times[0]:
+        return vals[0]
+    for (t0, v0), (t1, v1) in zip(zip(times, vals), zip(times[1:], vals[1:])):
+        if t <= t1:
+            s = smoothstep((t - t0) / (t1 - t0))
+            return v0 + s * (v1 - v0)
+    return vals[-1]
+
+
+@dataclass
+class Choreography:
+    """The spec §5 schedule as data, compiled into fixed-size :class:`Controls`.
+
+    Support slots: the tracks' particles concatenated in table order (a particle may sit in
+    several tracks' slots; each is inactive outside its track). Tie slots: the tie track's
+    pairs. Captures (positions where a hand grabs) are filled by :meth:`observe`.
+    """
+
+    n_particles: int
+    dt: float
+    tracks: list
+    tie: TieTrack
+    sphere_index: np.ndarray
+    sphere_mass: np.ndarray
+    drop_times: np.ndarray
+    gravity: np.ndarray
+    t_release: float = T_RELEASE
+    tol_manipulation: float = TOL_MANIPULATION
+    tol_released: float = TOL_RELEASED
+    phases: tuple = PHASES
+    captures: dict = field(default_factory=dict)
+
+    # ---- slot layout
+    @property
+    def support_index(self) -> np.ndarray:
+        return np.concatenate([tr.index for tr in self.tracks]).astype(np.int32)
+
+    def slots(self, name: str) -> slice:
+        """The support-slot range of the named track."""
+        s = 0
+        for tr in self.tracks:
+            if tr.name == name:
+                return slice(s, s + len(tr.index))
+            s += len(tr.index)
+        raise KeyError(name)
+
+    def track(self, name: str) -> SupportTrack:
+        return next(tr for tr in self.tracks if tr.name == name)
+
+    def phase_at(self, t: float) -> str:
+        for name, a, b in self.phases:
+            if a - EPS_T <= t < b - EPS_T:
+                return name
+        return self.phases[-1][0]
+
+    # ---- captures
+    def observe(self, t: float, x) -> list:
+        """Record grab positions for tracks (and tie lengths) starting at or before the
+        step start time t, from positions x (N, 3). Returns the names captured now."""
+        x = np.asarray(x, dtype=np.float64)
+        done = []
+        for tr in self.tracks:
+            if tr.needs_capture() and tr.name not in self.captures and t + EPS_T >= tr.t_on:
+                self.captures[tr.name] = x[tr.index].copy()
+                done.append(tr.name)
+        if self.tie.name not in self.captures and t + EPS_T >= self.tie.t_on:
+            p = self.tie.pairs
+            self.captures[self.tie.name] = np.linalg.norm(x[p[:, 0]] - x[p[:, 1]], axis=1)
+            done.append(self.tie.name)
+        return done
+
+    # ---- compile
+    def controls_at(self, step_index: int, t: float) -> Controls:
+        """Controls for the step starting at time t (s); see the module's timing convention.
+
+        Raises:
+            RuntimeError: a track that grabs the film where it is has started but
+                :meth:`observe` has not recorded its grab positions.
+        """
+        import jax.numpy as jnp
+
+        t = float(t)
+        t_end = t + self.dt
+        ks, targets = [], []
+        for tr in self.tracks:
+            n = len(tr.index)
+            active = tr.t_on - EPS_T <= t < tr.t_off - EPS_T
+            if active:
+                cap = self.captures.get(tr.name)
+                if tr.needs_capture() and cap is None:
+                    raise RuntimeError(f"support track {tr.name!r} is active at t = {t:.4f} s but its grab "
+                                       f"positions were not captured; call observe(t, x) first")
+                targets.append(_path(tr.keys, t_end, cap))
+                ks.append(np.full(n, tr.k))
+            else:
+                targets.append(np.zeros((n, 3)))
+                ks.append(np.zeros(n))
+        tie = self.tie
+        q = len(tie.pairs)
+        if t + EPS_T >= tie.t_on:
+            cap = self.captures.get(tie.name)
+            if cap is None:
+                raise RuntimeError(f"tie {tie.name!r} is active at t = {t:.4f} s but its start lengths were "
+                                   f"not captured; call observe(t, x) first")
+            s = smoothstep((t_end - tie.t_on) / (tie.t_full - tie.t_on))
+            tie_len = cap + s * (np.minimum(cap, tie.target) - cap)
+            tie_k = np.full(q, tie.k)
+        else:
+            tie_len, tie_k = np.zeros(q), np.zeros(q)
+        force = np.zeros((self.n_particles, 3))
+        waiting = t < self.drop_times - EPS_T
+        force[self.sphere_index[waiting]] = -self.sphere_mass[waiting, None] * self.gravity[None, :]
+        tol = self.tol_manipulation if t < self.t_release - EPS_T else self.tol_released
+        return Controls(
+            support_index=jnp.asarray(self.support_index, jnp.int32),
+            support_k=jnp.asarray(np.concatenate(ks)),
+            support_target=jnp.asarray(np.concatenate(targets, axis=0)),
+            tie_pairs=jnp.asarray(tie.pairs, jnp.int32),
+            tie_k=jnp.asarray(tie_k),
+            tie_length=jnp.asarray(tie_len),
+            force=jnp.asarray(force),
+            tolerance=jnp.asarray(tol, jnp.float64),
+        )
+
+    def captures_npz(self) -> dict:
+        return {f"capture_{k}": v for k, v in self.captures.items()}
+
+    def load_captures(self, npz) -> None:
+        for key in npz.files:
+            if key.startswith("capture_"):
+                self.captures[key[len("capture_"):]] = np.asarray(npz[key])
+
+
+def _circle(n, r, z, center=(0.0, 0.0), phase=0.0):
+    a = phase + 2 * np.pi * np.arange(n) / n
+    return np.stack([center[0] + r * np.cos(a), center[1] + r * np.sin(a), np.full(n, z)], axis=1)
+
+
+def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, gravity=(0, 0, -9.81),
+                      dt: float = DT) -> Choreography:
+    """The spec §5 schedule for ``mesh`` (see the table in the module docstring)."""
+    C = mesh.columns
+    rim = mesh.rim
+    flat_rim = mesh.x[rim] + np.array([0.0, 0.0, FILM_Z0])
+    cx, cy = SET_DOWN
+    # place: all rim points contract onto a circle over the bin and come down to hold it open
+    place = SupportTrack("place", 0.0, 2.00, rim, 20.0, [
+        (0.0, flat_rim), (0.36, _circle(C, 0.13, 0.20)), (0.72, _circle(C, 0.12, 0.17))])
+    # lift: two opposing rim points carry the bag out of the bin and set it on the floor
+    pair = np.array([rim[0], rim[C // 2]])
+    at = lambda x, z: np.array([[x + 0.03, 0.0, z], [x - 0.03, 0.0, z]])
+    lift = SupportTrack("lift", 2.00, 4.70, pair, 300.0, [
+        (2.00, CAPTURE), (2.90, at(0.0, 0.40)), (3.70, at(cx, 0.40)), (4.50, at(cx, 0.10))])
+    open_circle = _circle(C, 0.11, 0.14, (cx, cy))
+    gathered = _circle(C, 0.025, 0.15, (cx, cy))
+    unfold = SupportTrack("unfold", 4.70, 6.05, rim, 10.0, [(4.70, CAPTURE), (5.70, open_circle)])
+    gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [(6.05, open_circle), (7.10, gathered)])
+    five = (np.arange(5) * C / 5).round().astype(int) % C
+    lowered = _circle(C, 0.035, 0.135, (cx, cy))[five]
+    flap = SupportTrack("flap", 7.40, T_RELEASE, rim[five], 50.0, [
+        (7.40, gathered[five]), (8.75, gathered[five]), (T_RELEASE, lowered)])
+    cols = np.arange(0, C, 2)
+    neck, lower = mesh.neck_ring, mesh.neck_ring - 1
+    band_gap = mesh.ring_radius[neck] - mesh.ring_radius[lower]
+    z_neck = 0.12
+    band_a = ring_index(neck, cols, C)
+    band_b = ring_index(lower, cols, C)
+    ang = 2 * np.pi * cols / C
+    ring_pts = lambda r, z: np.stack([cx + r * np.cos(ang), cy + r * np.sin(ang), np.full(len(cols), z)], axis=1)
+    cinch_target = np.concatenate([ring_pts(0.015, z_neck), ring_pts(0.015, z_neck - 0.6 * band_gap)])
+    cinch = SupportTrack("cinch", 7.40, T_RELEASE, np.concatenate([band_a, band_b]), 50.0, [
+        (7.40, CAPTURE), (8.40, cinch_target)])
+    m = len(cols)
+    within = [(band[i], band[(i + 1) % m]) for band in (band_a, band_b) for i in range(m)]
+    between = [(band_a[i], band_b[i]) for i in range(m)]
+    chord = 2 * 0.012 * np.sin(np.pi / m)
+    tie = TieTrack("tie", 8.40, 8.75, np.asarray(within + between, np.int32), TIE_K,
+                   np.concatenate([np.full(len(within), chord), np.full(m, 0.6 * band_gap)]))
+    sphere_index = np.asarray(sphere_index)
+    drops = 0.89 + np.arange(len(sphere_index)) * (1.60 - 0.89) / max(len(sphere_index) - 1, 1)
+    return Choreography(n_particles=n_particles, dt=dt, tracks=[place, lift, unfold, gather, flap, cinch],
+                        tie=tie, sphere_index=sphere_index, sphere_mass=np.asarray(sphere_mass, float),
+                        drop_times=drops, gravity=np.asarray(gravity, float))
+
+
+# --------------------------------------------------------------------------- scene
+
+RESOLUTIONS = {"full": (15, 32), "coarse": (7, 12)}
+
+
+def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: int | None = None,
+              params: Params | None = None, dhat: float = 1.0e-3):
+    """The bag experiment. Particles: film [0, N_f), spheres [N_f, N_f + 7), then bin and
+    floor vertices (fixed, zero mass).
+
+    Returns a dict: model, x (initial positions, m), params, config, dt, mesh, faces,
+    index sets (film, rim, neck, spheres, bin, floor), sphere_radius, choreography, t_end.
+    """
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"resolution must be one of {sorted(RESOLUTIONS)}; got {resolution!r}")
+    R, C = RESOLUTIONS[resolution]
+    mesh = bag_mesh(rings or R, columns or C)
+    nf = len(mesh.x)
+    film_x = mesh.x + np.array([0.0, 0.0, FILM_Z0])
+    areal = FILM_THICKNESS * FILM_DENSITY
+    film_m = lumped_mass(mesh.x, mesh.triangles, areal)
+    radii = np.asarray(SPHERE_RADII)
+    sph_m = SPHERE_DENSITY * 4.0 / 3.0 * np.pi * radii ** 3
+    (bx, bt), (fx, ft) = bin_and_floor()
+    n_s, n_b = len(radii), len(bx)
+    x = np.concatenate([film_x, sphere_start(), bx, fx])
+    n = len(x)
+    mass = np.concatenate([film_m, sph_m, np.zeros(n_b + len(fx))])
+    radius = np.zeros(n)
+    radius[nf:nf + n_s] = radii
+    fixed = np.zeros(n, bool)
+    fixed[nf + n_s:] = True
+    obstacles = np.concatenate([bt + nf + n_s, ft + nf + n_s + n_b]).astype(np.int32)
+    model = build_model(x, mesh.triangles, mass, obstacle_triangles=obstacles,
+                        fixed=fixed, radius=radius)
+    # build_model takes its rest shape from x; the flat disk at z = FILM_Z0 is congruent to the mesh.
+    params = Params.film_defaults() if params is None else params
+    config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150)
+    spheres = np.arange(nf, nf + n_s)
+    choreo = make_choreography(mesh, n, spheres, sph_m, np.asarray(params.gravity), DT)
+    return dict(
+        model=model, x=x, params=params, config=config, dt=DT, mesh=mesh, faces=mesh.triangles,
+        film=np.arange(nf), rim=mesh.rim, neck=mesh.neck, spheres=spheres, sphere_radius=radii,
+        bin=np.arange(nf + n_s, nf + n_s + n_b), floor=np.arange(nf + n_s + n_b, n),
+        bin_triangles=bt + nf + n_s, floor_triangles=ft + nf + n_s + n_b,
+        choreography=choreo, t_end=T_END, resolution=resolution,
+    )
+
+
+# --------------------------------------------------------------------------- checks and measurements
+
+class UnfoldIncomplete(RuntimeError):
+    """Raised by :func:`check_unfolded` when some columns do not rise from neck to rim."""
+
+    def __init__(self, columns, message):
+        super().__init__(message)
+        self.columns = list(columns)
+
+
+def unfolded_columns(x, mesh: BagMesh):
+    """(C,) bool: along column c, z increases strictly from the neck ring to the rim."""
+    x = np.asarray(x)
+    rings = np.arange(mesh.neck_ring, mesh.rings + 1)
+    z = np.stack([x[ring_index(r, np.arange(mesh.columns), mesh.columns), 2] for r in rings])  # (rings, C)
+    return np.all(np.diff(z, axis=0) > 0, axis=0)
+
+
+def check_unfolded(x, mesh: BagMesh):
+    """Raise :class:`UnfoldIncomplete` naming the columns that do not unfold upward."""
+    ok = unfolded_columns(x, mesh)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        raise UnfoldIncomplete(bad.tolist(), f"{len(bad)} of {mesh.columns} columns do not unfold upward "
+                               f"(z not increasing from neck ring {mesh.neck_ring} to rim): columns "
+                               f"{bad.tolist()}")
+    return True
+
+
+def neck_width(x, neck):
+    """(wx, wy) in m: max − min of x and of y over the neck-ring points."""
+    p = np.asarray(x)[np.asarray(neck)]
+    w = p.max(axis=0) - p.min(axis=0)
+    return float(w[0]), float(w[1])
+
+
+def flap_height(x, rim, neck):
+    """Median z of the rim minus mean z of the neck ring, m."""
+    x = np.asarray(x)
+    return float(np.median(x[np.asarray(rim), 2]) - np.mean(x[np.asarray(neck), 2]))
+
+
+def _window(times, span):
+    times = np.asarray(times)
+    return times >= times[-1] - span - EPS_T
+
+
+def sphere_height_range(spheres, times, span: float = 1.0):
+    """Per sphere, max − min of the centre height over the final ``span`` s. spheres (T, S, 3)."""
+    w = _window(times, span)
+    z = np.asarray(spheres)[w, :, 2]
+    return z.max(axis=0) - z.min(axis=0)
+
+
+def sphere_motion(spheres, times, span: float = 1.10):
+    """Per sphere over the final ``span`` s: max speed (m/s, finite differences of the
+    saved centres), final speed, and max displacement ‖c(t) − c(t_window_start)‖ (m)."""
+    w = _window(times, span)
+    c = np.asarray(spheres, dtype=np.float64)[w]
+    t = np.asarray(times, dtype=np.float64)[w]
+    if len(t) < 2:
+        z = np.zeros(c.shape[1])
+        return dict(max_speed=z, final_speed=z, max_displacement=z)
+    v = np.diff(c, axis=0) / np.diff(t)[:, None, None]
+    speed = np.linalg.norm(v, axis=2)
+    disp = np.linalg.norm(c - c[0], axis=2)
+    return dict(max_speed=speed.max(axis=0), final_speed=speed[-1], max_displacement=disp.max(axis=0))
+
+
+def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, span: float | None = None):
+    """Smallest film–sphere surface distance (m) over the frames (optionally only the final
+    ``span`` s), by :func:`ipcjax.audit.audit_frame`."""
+    from ipcjax.audit import audit_frame
+
+    film, spheres = np.asarray(film), np.asarray(spheres)
+    idx = np.arange(len(film)) if span is None else np.flatnonzero(_window(times, span))
+    nf = film.shape[1]
+    best = np.inf
+    for i in idx:
+        x = np.concatenate([film[i], spheres[i]])
+        a = audit_frame(x, faces, np.arange(nf, nf + spheres.shape[1]), sphere_radius)
+        best = min(best, a.min_film_sphere)
+    return float(best)
+
+
+def measurements(film, spheres, times, scene) -> dict:
+    """The spec §5/§6 measurements of a saved trajectory (film (T, N_f, 3), spheres (T, 7, 3))."""
+    film, spheres = np.asarray(film), np.asarray(spheres)
+    wx, wy = neck_width(film[-1], scene["neck"])
+    mot = sphere_motion(spheres, times, 1.10)
+    hr = sphere_height_range(spheres, times, 1.0)
+    return dict(
+        time_s=float(times[-1]),
+        neck_width_mm=[1e3 * wx, 1e3 * wy],
+        flap_height_mm=1e3 * flap_height(film[-1], scene["rim"], scene["neck"]),
+        sphere_height_range_final_1s_mm=(1e3 * hr).tolist(),
+        max_sphere_height_range_final_1s_mm=float(1e3 * hr.max()),
+        sphere_max_speed_final_1p1s_m_s=mot["max_speed"].tolist(),
+        sphere_final_speed_m_s=mot["final_speed"].tolist(),
+        sphere_max_displacement_final_1p1s_mm=(1e3 * mot["max_displacement"]).tolist(),
+        min_film_sphere_gap_final_1p1s_mm=1e3 * min_film_sphere_gap(
+            film, spheres, scene["faces"], scene["sphere_radius"], times, 1.10),
+    )

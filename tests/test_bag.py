@@ -1,0 +1,229 @@
+"""The bag experiment (spec §5): mesh, scene, the seed's 2-step check, choreography, measurements."""
+import jax
+import numpy as np
+import pytest
+
+from ipcjax.audit import audit_trajectory
+from ipcjax.step import make_state, simulate
+from scenes import bag as B
+
+
+def _column_lengths(mesh):
+    """(C,) sum of the reference edges along each column from the neck ring to the rim."""
+    C = mesh.columns
+    total = np.zeros(C)
+    for r in range(mesh.neck_ring, mesh.rings):
+        a = mesh.x[B.ring_index(r, np.arange(C), C)]
+        b = mesh.x[B.ring_index(r + 1, np.arange(C), C)]
+        total += np.linalg.norm(b - a, axis=1)
+    return total
+
+
+def _areas_and_normals(mesh):
+    p = mesh.x[mesh.triangles]
+    n = np.cross(p[:, 1] - p[:, 0], p[:, 2] - p[:, 0])
+    return 0.5 * np.linalg.norm(n, axis=1), n
+
+
+def test_full_mesh_counts_rim_neck_and_column_sum():
+    mesh = B.bag_mesh()
+    assert mesh.x.shape == (481, 3) and mesh.triangles.shape == (928, 3)
+    assert mesh.triangles.min() == 0 and mesh.triangles.max() == 480
+    assert np.array_equal(mesh.rim, np.arange(449, 481))
+    assert np.array_equal(mesh.neck, np.arange(321, 353))
+    assert mesh.neck_ring == 11 and mesh.rings - mesh.neck_ring == 4  # four edges across five rings
+    np.testing.assert_allclose(_column_lengths(mesh), 0.030, rtol=0, atol=1e-12)
+    area, n = _areas_and_normals(mesh)
+    # non-degenerate, and every triangle counter-clockwise seen from +z
+    assert area.min() > 1e-6 and np.all(n[:, 2] > 0)
+    assert len({tuple(sorted(t)) for t in mesh.triangles.tolist()}) == 928
+
+
+def test_coarse_mesh_counts():
+    mesh = B.bag_mesh(rings=7, columns=12)
+    assert mesh.x.shape == (85, 3) and mesh.triangles.shape == (12 + 2 * 12 * 6, 3)
+    assert mesh.neck_ring == 5  # round(11·7/15)
+    assert np.array_equal(mesh.rim, np.arange(73, 85))
+    assert np.array_equal(mesh.neck, np.arange(49, 61))
+    np.testing.assert_allclose(_column_lengths(mesh), 0.030, atol=1e-12)
+    area, n = _areas_and_normals(mesh)
+    assert area.min() > 1e-5 and np.all(n[:, 2] > 0)
+
+
+def test_bad_mesh_arguments_are_rejected():
+    with pytest.raises(ValueError, match="rings ≥ 2"):
+        B.bag_mesh(rings=1)
+    with pytest.raises(ValueError, match="neck_to_rim"):
+        B.bag_mesh(radius=0.02, neck_to_rim=0.03)
+    with pytest.raises(ValueError, match="resolution"):
+        B.bag_scene("medium")
+
+
+def test_scene_materials_bodies_and_index_sets():
+    sc = B.bag_scene("coarse")
+    m = sc["model"]
+    mass, fixed, radius = np.asarray(m.mass), np.asarray(m.fixed), np.asarray(m.radius)
+    film, sph = sc["film"], sc["spheres"]
+    # film: areal density 0.02775 kg/m² lumped onto the vertices, free, no radius
+    ref_area = _areas_and_normals(sc["mesh"])[0].sum()
+    assert mass[film].sum() == pytest.approx(0.02775 * ref_area, rel=1e-12)
+    assert not fixed[film].any() and np.all(radius[film] == 0)
+    # seven spheres: radii and masses 250 kg/m³ · 4πR³/3
+    np.testing.assert_allclose(radius[sph], [0.026, 0.026, 0.026, 0.012, 0.012, 0.012, 0.025])
+    np.testing.assert_allclose(mass[sph], 250 * 4 / 3 * np.pi * radius[sph] ** 3, rtol=1e-12)
+    # bin and floor: fixed zero-mass triangle vertices; the bin is 106 mm tall
+    for key in ("bin", "floor"):
+        idx = sc[key]
+        assert len(idx) and fixed[idx].all() and np.all(mass[idx] == 0) and np.all(radius[idx] == 0)
+    assert np.ptp(sc["x"][sc["bin"], 2]) == pytest.approx(0.106)
+    assert np.all(sc["x"][sc["floor"], 2] == 0)
+    # material and solver settings of the spec
+    p, cfg = sc["params"], sc["config"]
+    assert cfg.membrane == "neo_hookean" and cfg.bending == "hinge"
+    assert (cfg.dhat, cfg.min_gap, cfg.max_newton) == (1.0e-3, 0.030e-3, 150)
+    assert float(p.youngs_modulus) == 315e6 and float(p.poisson) == 0.45 and float(p.thickness) == 30e-6
+    assert float(p.friction) == 0.35 and float(p.barrier_stiffness) == 1000.0 and float(p.drag) == 12.0
+    assert sc["dt"] == pytest.approx(1 / 240)
+
+
+def test_seed_two_step_bag_check_full_resolution():
+    """Spec §6 bag integration: 2 steps of the 481-vertex scene, Neo-Hookean, seven spheres,
+    bin and floor; output shapes (3, 481, 3), (3, 7, 3), (928, 3); audit finds no intersection."""
+    sc = B.bag_scene("full")
+    m, ch = sc["model"], sc["choreography"]
+    assert sc["config"].membrane == "neo_hookean"
+    assert len(sc["spheres"]) == 7 and len(sc["bin"]) > 0 and len(sc["floor"]) > 0
+    frames, times, reps = simulate(m, sc["params"], make_state(sc["x"]), ch.controls_at, 2, sc["dt"], sc["config"])
+    film, spheres, faces = frames[:, sc["film"]], frames[:, sc["spheres"]], sc["faces"]
+    assert film.shape == (3, 481, 3) and spheres.shape == (3, 7, 3) and faces.shape == (928, 3)
+    np.testing.assert_allclose(times, [0, 1 / 240, 2 / 240])
+    assert all(r.ok for r in reps) and min(r.min_gap for r in reps) > 0
+    audit = audit_trajectory(np.concatenate([film, spheres], axis=1), faces, np.arange(481, 488), sc["sphere_radius"])
+    assert audit["frames_with_self_intersection"] == 0
+    # spheres wait (gravity cancelled), the film falls and is pulled by the rim supports
+    np.testing.assert_allclose(spheres[-1], spheres[0], atol=1e-7)
+    assert film[-1, 0, 2] < film[0, 0, 2]
+
+
+# --------------------------------------------------------------------------- choreography
+
+def _all_captured(sc):
+    ch = sc["choreography"]
+    ch.observe(sc["t_end"], sc["x"])  # stand-in grab positions for every track
+    return ch
+
+
+def test_controls_have_fixed_shapes_and_do_not_recompile():
+    sc = B.bag_scene("coarse")
+    ch = _all_captured(sc)
+    dt = sc["dt"]
+    total = jax.jit(lambda c: c.support_k.sum() + c.tie_k.sum() + c.force.sum() + c.support_target.sum())
+    shapes = None
+    for i in range(0, int(round(sc["t_end"] / dt)) + 1, 7):
+        c = ch.controls_at(i, i * dt)
+        s = jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), c)
+        shapes = s if shapes is None else shapes
+        assert s == shapes
+        total(c)
+    assert total._cache_size() == 1
+
+
+def test_supports_ties_gravity_and_tolerance_schedule():
+    sc = B.bag_scene("coarse")
+    ch = _all_captured(sc)
+    dt = sc["dt"]
+    at = lambda t: ch.controls_at(int(round(t / dt)), t)
+    steps = np.arange(int(round(sc["t_end"] / dt)))
+    k_support = np.array([float(np.max(at(i * dt).support_k)) for i in steps])
+    t = steps * dt
+    assert np.all(k_support[t >= 9.40 - 1e-9] == 0)      # released at 9.40 s
+    assert np.all(k_support[t < 9.40 - 1e-9] > 0)         # some hand holds the film until then
+    tie_on = np.array([float(np.max(at(i * dt).tie_k)) for i in steps])
+    assert np.all(tie_on[t < 8.40 - 1e-9] == 0) and np.all(tie_on[t >= 8.40 - 1e-9] == 250.0)
+    # tie lengths: captured at 8.40, at target (never lengthened) by 8.75
+    cap = ch.captures["tie"]
+    goal = np.minimum(cap, ch.tie.target)
+    np.testing.assert_allclose(np.asarray(at(8.75).tie_length), goal, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(at(9.9).tie_length), goal, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(at(8.40).tie_length), cap, rtol=1e-3)
+    # gravity cancelled on each sphere until its drop, never on the film
+    g = ch.gravity
+    for j, s in enumerate(ch.sphere_index):
+        before = np.asarray(at(ch.drop_times[j] - dt).force)[s]
+        after = np.asarray(at(ch.drop_times[j] + dt).force)[s]
+        np.testing.assert_allclose(before, -ch.sphere_mass[j] * g)
+        assert np.all(after == 0)
+    assert 0.89 == pytest.approx(ch.drop_times[0]) and 1.60 == pytest.approx(ch.drop_times[-1])
+    assert np.all(np.asarray(at(0.0).force)[sc["film"]] == 0)
+    assert float(at(9.39).tolerance) == 0.012e-3 and float(at(9.40).tolerance) == 0.0005e-3
+
+
+def test_grabbing_tracks_start_where_the_film_is_and_need_a_capture():
+    sc = B.bag_scene("coarse")
+    ch = sc["choreography"]
+    with pytest.raises(RuntimeError, match="'unfold'.*observe"):
+        ch.controls_at(0, 4.80)
+    x = sc["x"].copy()
+    x[sc["rim"]] += np.array([0.3, 0.0, -0.1])  # wherever the rim happens to be at 4.70 s
+    ch.observe(4.70, x)
+    c = ch.controls_at(int(round(4.70 / sc["dt"])), 4.70)
+    sl = ch.slots("unfold")
+    np.testing.assert_allclose(np.asarray(c.support_target)[sl], x[sc["rim"]], atol=1e-4)
+    assert np.all(np.asarray(c.support_k)[sl] > 0)
+    assert np.all(np.asarray(c.support_k)[ch.slots("lift")] == 0)  # the carrying hands let go
+
+
+def test_unfold_check_names_the_failing_columns():
+    mesh = B.bag_mesh(rings=7, columns=12)
+    x = mesh.x.copy()
+    r = np.linalg.norm(x[:, :2], axis=1)
+    x[:, 2] = np.maximum(r - mesh.ring_radius[mesh.neck_ring], 0) + 0.01 * r  # rises outward everywhere
+    assert B.check_unfolded(x, mesh)
+    x[mesh.rim[[3, 7]], 2] = 0.0  # two columns folded back down
+    with pytest.raises(B.UnfoldIncomplete, match=r"2 of 12 columns.*\[3, 7\]") as e:
+        B.check_unfolded(x, mesh)
+    assert e.value.columns == [3, 7]
+
+
+# --------------------------------------------------------------------------- measurements
+
+def test_neck_width_and_flap_height_on_built_positions():
+    mesh = B.bag_mesh()
+    x = np.zeros((481, 3))
+    ang = 2 * np.pi * np.arange(32) / 32
+    x[mesh.neck] = np.stack([0.3 + 0.019 * np.cos(ang), -0.1 + 0.021 * np.sin(ang), 0.10 + 0.002 * np.cos(ang)], 1)
+    rim_z = np.linspace(0.11, 0.13, 32)  # median 0.12
+    x[mesh.rim, 2] = rim_z[::-1]
+    wx, wy = B.neck_width(x, mesh.neck)
+    assert wx == pytest.approx(0.038) and wy == pytest.approx(0.042)
+    assert B.flap_height(x, mesh.rim, mesh.neck) == pytest.approx(0.02)
+
+
+def test_sphere_measurements_on_known_motions():
+    dt = 1 / 240
+    times = np.arange(0, 2521) * dt  # 10.5 s
+    spheres = np.zeros((len(times), 7, 3))
+    spheres[:, :, 2] = 0.05
+    spheres[:, 0, 2] += 0.002 * np.sin(2 * np.pi * 3 * times)  # ±2 mm at 3 Hz
+    spheres[:, 1, 0] = 0.01 * times                              # drifts at 10 mm/s
+    hr = B.sphere_height_range(spheres, times, 1.0)
+    assert hr[0] == pytest.approx(0.004, rel=1e-3) and np.all(hr[1:] == 0)
+    mot = B.sphere_motion(spheres, times, 1.10)
+    assert mot["max_speed"][1] == pytest.approx(0.01) and mot["final_speed"][1] == pytest.approx(0.01)
+    assert mot["max_displacement"][1] == pytest.approx(0.011, rel=1e-9)
+    assert mot["max_speed"][0] == pytest.approx(2 * np.pi * 3 * 0.002, rel=2e-3)
+    assert np.all(mot["max_speed"][2:] == 0) and np.all(mot["max_displacement"][2:] == 0)
+
+
+def test_min_film_sphere_gap_on_built_positions():
+    mesh = B.bag_mesh(rings=7, columns=12)
+    film = np.stack([mesh.x, mesh.x])  # two frames of the flat disk at z = 0
+    spheres = np.zeros((2, 7, 3))
+    spheres[:, :, 0] = np.linspace(-0.15, 0.15, 7)
+    radii = np.asarray(B.SPHERE_RADII)
+    spheres[0, :, 2] = radii + 0.004     # 4 mm above the film
+    spheres[1, :, 2] = radii + 0.0025    # 2.5 mm in the last frame
+    spheres[1, 6, 2] = radii[6] + 0.001  # the 25 mm sphere 1 mm above
+    gap = B.min_film_sphere_gap(film, spheres, mesh.triangles, radii)
+    assert gap == pytest.approx(0.001, abs=1e-12)
+    assert B.min_film_sphere_gap(film[:1], spheres[:1], mesh.triangles, radii) == pytest.approx(0.004, abs=1e-12)
