@@ -129,6 +129,7 @@ class Config:
     bending: str = "hinge"              # or "discrete_shell"
     dhat: float = 1.0e-3                # barrier activation distance, m
     min_gap: float = 0.030e-3           # film mid-surface gap, m
+    skin: float = 1.5e-3                # candidate-reuse skin between Newton iterations, m
     max_newton: int = 150
     max_line_search: int = 48
     armijo: float = 1e-4
@@ -139,13 +140,14 @@ class Config:
             raise ValueError(f"membrane must be 'neo_hookean' or 'stvk'; got {self.membrane!r}")
         if self.bending not in ("hinge", "discrete_shell"):
             raise ValueError(f"bending must be 'hinge' or 'discrete_shell'; got {self.bending!r}")
-        if not (self.dhat > 0 and self.min_gap >= 0):
-            raise ValueError(f"need dhat > 0 and min_gap ≥ 0; got dhat={self.dhat}, min_gap={self.min_gap}")
+        if not (self.dhat > 0 and self.min_gap >= 0 and self.skin >= 0):
+            raise ValueError(f"need dhat > 0, min_gap ≥ 0 and skin ≥ 0; got dhat={self.dhat}, "
+                             f"min_gap={self.min_gap}, skin={self.skin}")
         if not (self.max_newton >= 1 and self.max_line_search >= 1 and self.max_subdivisions >= 0):
             raise ValueError("max_newton and max_line_search must be ≥ 1 and max_subdivisions ≥ 0")
 
 
-_CONFIG_NUMBERS = ("dhat", "min_gap", "max_newton", "max_line_search", "armijo",
+_CONFIG_NUMBERS = ("dhat", "min_gap", "skin", "max_newton", "max_line_search", "armijo",
                    "max_subdivisions")
 
 

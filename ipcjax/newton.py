@@ -6,8 +6,11 @@ One bounded ``lax.while_loop``; each iteration
 2. equilibrates with D = diag(H)^(−½) and solves (D H D) z = −D∇Φ by Cholesky
    (``jax.scipy.linalg.cho_factor``), Δx = D z,
 3. stops when max|Δx| < tolerance (m),
-4. queries contact candidates for the swept boxes x → x + Δx (complete for every
-   trial point of the line search, since trial points lie on that segment),
+4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
+   every trial point of the line search, since trial points lie on that segment): the
+   set of the last query, made with an extra ``config.skin`` (1.5 mm) of search width, is
+   reused while every particle's swept box stays within skin/2 of the box it was
+   queried with; otherwise the candidates are queried again,
 5. bounds the step along each candidate's current separating normal (ccd), and
 6. backtracks from that bound until Φ(x+αΔx) ≤ Φ(x) + 10⁻⁴ α ∇Φ·Δx (≤ 48 halvings).
 """
@@ -48,9 +51,13 @@ class CandidateStats(NamedTuple):
                               jnp.maximum(self.work, other.work))
 
 
-def query_contacts(x_start, x_end, model: Model, config: Config, capacity):
-    """Candidates for the swept boxes x_start → x_end as a :class:`ContactSet` plus stats."""
-    c = _cand.find_candidates(x_start, x_end, model.topology, config.dhat, config.min_gap, capacity)
+def query_contacts(x_start, x_end, model: Model, config: Config, capacity, skin=0.0):
+    """Candidates for the swept boxes x_start → x_end as a :class:`ContactSet` plus stats.
+
+    ``skin`` (m) widens the search beyond d̂ + min_gap so the set can be reused while every
+    particle stays within skin/2 of its queried box (see :func:`newton_solve`).
+    """
+    c = _cand.find_candidates(x_start, x_end, model.topology, config.dhat + skin, config.min_gap, capacity)
     idx, kind, valid = _cand.stencils(c, model.topology)
     return ContactSet(idx, kind, valid), CandidateStats.of(c)
 
@@ -123,19 +130,24 @@ class SolveInfo(NamedTuple):
 
 def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: StepContext,
                  contacts: ContactSet, stats: CandidateStats, config: Config, capacity):
-    """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo)."""
+    """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo).
+
+    ``contacts`` must have been queried at x_init with ``skin=config.skin``.
+    """
     F = model.n_free
     fp = model.free_particles
 
     def to_full(v):
         return jnp.zeros_like(x_init).at[fp].set(v.reshape(F, 3))
 
+    half_skin = 0.5 * config.skin
+
     def cond(c):
-        x, cs, st, it, done, code, lst, amin, step = c
+        x, cs, st, it, done, code, lst, amin, step, box = c
         return (~done) & (code == 0) & (it < config.max_newton)
 
     def body(c):
-        x, cs, st, it, done, code, lst, amin, _ = c
+        x, cs, st, it, done, code, lst, amin, _, box = c
         g, H = gradient_and_hessian(x, model, params, controls, ctx, cs, config)
         dxf, fact_ok = newton_direction(g, H)
         dx = to_full(dxf)
@@ -143,7 +155,14 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
         converged = fact_ok & (step_norm < controls.tolerance)
 
         def move(_):
-            cs2, st2 = query_contacts(x, x + dx, model, config, capacity)
+            lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
+            inside = jnp.all(lo >= box[0] - half_skin) & jnp.all(hi <= box[1] + half_skin)
+
+            def requery(_):
+                c2, s2 = query_contacts(x, x + dx, model, config, capacity, config.skin)
+                return c2, st.merge(s2), (lo, hi)
+
+            cs2, st2, box2 = jax.lax.cond(inside, lambda _: (cs, st, box), requery, None)
             a0 = step_bound(x, dx, cs2, model.radius, config)
             phi = lambda z: incremental_potential(z, model, params, controls, ctx, cs2, config)
             phi0 = phi(x)
@@ -154,18 +173,18 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
                               jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
                                         jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
             x2 = jnp.where(code2 == 0, x + a * dx, x)
-            return x2, cs2, st.merge(st2), k, a0, code2
+            return x2, cs2, st2, k, a0, code2, box2
 
         def stay(_):
-            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0)
+            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), box
 
-        x2, cs2, st2, k, a0, code2 = jax.lax.cond(converged | ~fact_ok, stay, move, None)
+        x2, cs2, st2, k, a0, code2, box2 = jax.lax.cond(converged | ~fact_ok, stay, move, None)
         code2 = code2 | jnp.where(fact_ok, 0, int(StepCode.FACTORIZATION_FAILED)).astype(jnp.int32)
         code2 = code2 | jnp.where(jnp.all(jnp.isfinite(x2)), 0, int(StepCode.NON_FINITE)).astype(jnp.int32)
-        return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm)
+        return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm, box2)
 
     init = (x_init, contacts, stats, jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.int32(0),
-            jnp.asarray(1.0, x_init.dtype), jnp.asarray(jnp.inf, x_init.dtype))
-    x, cs, st, it, done, code, lst, amin, step = jax.lax.while_loop(cond, body, init)
+            jnp.asarray(1.0, x_init.dtype), jnp.asarray(jnp.inf, x_init.dtype), (x_init, x_init))
+    x, cs, st, it, done, code, lst, amin, step, _ = jax.lax.while_loop(cond, body, init)
     code = code | jnp.where(done | (code != 0), 0, int(StepCode.ITERATION_CAP)).astype(jnp.int32)
     return x, cs, SolveInfo(code, it, lst, amin, step, st)

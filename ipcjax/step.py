@@ -57,7 +57,7 @@ def solve_positions(model: Model, params: Params, x0, v0, controls: Controls, dt
     Returns (x*, contacts at x*, step-start contacts, SolveInfo, initial_overlap flag).
     Used by :func:`step` and by the implicit VJP (:mod:`ipcjax.implicit`).
     """
-    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity)
+    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity, config.skin)
     g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
     overlap = jnp.min(g0, initial=jnp.inf) <= 0
     ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
