@@ -5,7 +5,8 @@ One bounded ``lax.while_loop``; each iteration
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64),
 2. equilibrates with D = diag(H)^(−½) and solves (D H D) z = −D∇Φ by Cholesky
    (``jax.scipy.linalg.cho_factor``), Δx = D z,
-3. stops when max|Δx| < tolerance (m),
+3. stops after this iteration when max|Δx| < tolerance (m) — the last small step is
+   still taken when the line search accepts it,
 4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
    every trial point of the line search, since trial points lie on that segment): the
    set of the last query, made with an extra ``config.skin`` (1.5 mm) of search width, is
@@ -178,7 +179,11 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
         def stay(_):
             return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), box
 
-        x2, cs2, st2, k, a0, code2, box2 = jax.lax.cond(converged | ~fact_ok, stay, move, None)
+        # The last, sub-tolerance direction is still taken (when the line search accepts it),
+        # so that motion slower than tolerance/dt is not quantised away; a rejected final
+        # step just leaves x where it is.
+        x2, cs2, st2, k, a0, code2, box2 = jax.lax.cond(fact_ok, move, stay, None)
+        code2 = jnp.where(converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
         code2 = code2 | jnp.where(fact_ok, 0, int(StepCode.FACTORIZATION_FAILED)).astype(jnp.int32)
         code2 = code2 | jnp.where(jnp.all(jnp.isfinite(x2)), 0, int(StepCode.NON_FINITE)).astype(jnp.int32)
         return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm, box2)
