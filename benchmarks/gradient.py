@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,20 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import ipcjax  # noqa: F401
+from benchmarks.timing import median_time
 from ipcjax import candidates as C
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.model import Config, Controls, Params
 from scenes.film import drape_scene
 
-
-def timed(fn, repeat):
-    jax.block_until_ready(fn())
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
 
 
 def main(argv=None):
@@ -58,8 +49,8 @@ def main(argv=None):
         loss = lambda p: jnp.sum(W * roll(p, x0, v0, ctl, 1 / 240)[0][-1])
         fwd = jax.jit(loss)
         both = jax.jit(jax.value_and_grad(loss))
-        t_f = timed(lambda: fwd(p0), args.repeat)
-        t_b = timed(lambda: both(p0), args.repeat)
+        t_f = median_time(lambda: fwd(p0), args.repeat)
+        t_b = median_time(lambda: both(p0), args.repeat)
         grads[hess] = both(p0)[1]
         out[hess] = dict(forward_s=t_f, forward_backward_s=t_b, ratio=t_b / t_f)
     rel = {}

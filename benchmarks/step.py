@@ -27,6 +27,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 
 import ipcjax  # noqa: F401
+from benchmarks.timing import median_time
 from ipcjax import candidates as C
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import armijo, newton_direction, query_contacts, step_bound
@@ -34,15 +35,6 @@ from ipcjax.potential import StepContext, friction_set, gradient_and_hessian, in
 from ipcjax.step import simulate, make_state, step
 from scenes.film import drape_scene
 
-
-def median_time(fn, repeat):
-    jax.block_until_ready(fn())  # compile + warm
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
 
 
 def main(argv=None):
