@@ -28,7 +28,6 @@ import numpy as np
 
 import ipcjax  # noqa: F401
 from benchmarks.timing import median_time
-from ipcjax import candidates as C
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import armijo, newton_direction, query_contacts, step_bound
 from ipcjax.potential import StepContext, friction_set, gradient_and_hessian, incremental_potential
@@ -53,7 +52,6 @@ def main(argv=None):
     settle_wall = time.perf_counter() - t0
     cap = reps[-1].capacity
     st = make_state(frames[-1])
-    iters = sum(r.iterations for r in reps[-10:])
 
     # whole step (median over repeats of the same step)
     t_step = median_time(lambda: step(model, params, st, ctl, dt, config=cfg, capacity=cap), args.repeat)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from ipcjax.model import Config, Controls, Model, Params
+from ipcjax.model import Config, Controls, Model
 from ipcjax.potential import gradient_and_hessian, incremental_potential
 from ipcjax.result import StepCode
 from ipcjax.step import recheck_rounded, result_code, solve_positions, step_context

@@ -22,7 +22,7 @@ import numpy as np
 from ipcjax import candidates as _cand
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State
-from ipcjax.newton import CandidateStats, newton_solve, query_contacts
+from ipcjax.newton import newton_solve, query_contacts
 from ipcjax.potential import StepContext, contact_gaps, friction_set
 from ipcjax.result import RETRYABLE, StepCode
 

@@ -1,6 +1,5 @@
 """The README's main job runs end to end (tiny settings) and writes its outputs."""
 import json
-import os
 
 import numpy as np
 
