@@ -103,9 +103,13 @@ def _bag(argv):
     ap.add_argument("--resume", default=None, help="state .npz written by an earlier run (its state.npz)")
     ap.add_argument("--checkpoint-every", type=int, default=120,
                     help="rewrite trajectory.npz and state.npz every n steps (default 120)")
+    ap.add_argument("--mesh-every", type=int, default=24,
+                    help="write every n-th saved frame as .vtu/.obj under meshes/ (default 24; 0: none)")
+    ap.add_argument("--no-pictures", action="store_true",
+                    help="skip the time-series plot and the phase snapshots (PNG)")
     args = ap.parse_args(argv)
-    if args.save_every < 1 or args.checkpoint_every < 1:
-        ap.error("--save-every and --checkpoint-every must be ≥ 1")
+    if args.save_every < 1 or args.checkpoint_every < 1 or args.mesh_every < 0:
+        ap.error("--save-every and --checkpoint-every must be ≥ 1 and --mesh-every ≥ 0")
 
     from tqdm import tqdm
 
@@ -117,7 +121,7 @@ def _bag(argv):
     model, params, config, dt = sc["model"], sc["params"], sc["config"], sc["dt"]
     choreo = sc["choreography"]
     film_idx, sph_idx = sc["film"], sc["spheres"]
-    t_unfold_end = choreo.track("unfold").t_off
+    t_unfold_end = choreo.track("unfold2").t_off
     os.makedirs(args.out, exist_ok=True)
     traj_path = os.path.join(args.out, "trajectory.npz")
     state_path = os.path.join(args.out, "state.npz")
@@ -208,11 +212,34 @@ def _bag(argv):
                    min_film_film_m=float(np.min(audit["min_film_film"])),
                    min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
     )
+    summary["outputs"] = _bag_outputs(args, sc, film, sph, np.asarray(times), audit, choreo.phases)
     summary = _finite_or_none(summary)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps(summary, indent=2))
     return 1 if failure or audit["frames_with_self_intersection"] else 0
+
+
+def _bag_outputs(args, sc, film, sph, times, audit, phases):
+    """Mesh sequence, time-series plot and phase snapshots of a bag run (paths relative to --out)."""
+    from scenes.outputs import export_meshes, phase_snapshots, plot_timeseries
+
+    out = {}
+    if args.mesh_every:
+        paths = export_meshes(os.path.join(args.out, "meshes"), film, sph, sc["faces"], sc["sphere_radius"],
+                              times, every=args.mesh_every)
+        out["meshes"] = dict(folder="meshes", files=len(paths), every_saved_frame=args.mesh_every,
+                             paraview="meshes/frame.pvd")
+    if not args.no_pictures:
+        plot_timeseries(os.path.join(args.out, "timeseries.png"), times, film, sc["rim"] - sc["film"][0],
+                        sc["neck"] - sc["film"][0], audit, phases, title=f"bag ({sc['resolution']})")
+        x0 = np.asarray(sc["x"])
+        bin_tris = np.asarray(sc["bin_triangles"])
+        snaps = phase_snapshots(os.path.join(args.out, "snapshots"), times, film, sph, sc["faces"],
+                                sc["sphere_radius"], phases, obstacles=(x0, bin_tris))
+        out["timeseries"] = "timeseries.png"
+        out["snapshots"] = [os.path.relpath(p, args.out) for p in snaps]
+    return out
 
 
 def _fit(argv):

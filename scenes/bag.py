@@ -40,8 +40,12 @@ Choreography (``Choreography``; spec §5 times, paths are our choice)
 -------------------------------------------------------------------
 Support tracks are rows of data: a name, [t_on, t_off), particle indices, a stiffness
 per particle (N/m) and keyframes (time, targets). A keyframe's targets are an (n, 3)
-array, or ``CAPTURE``: the supported points' positions when the track starts (a hand
-grabs the film where it is; :meth:`Choreography.observe` records them). Between
+array; ``CAPTURE``, the supported points' positions when the track starts (a hand grabs
+the film where it is); :class:`Above`, points over other particles' positions at the
+start (the rim over its own column's neck point); or :class:`Ring`, a circle over the
+contents' centre at the start. :meth:`Choreography.observe` records the positions when a
+track starts, so after set-down every path is placed relative to where the bag actually
+lies rather than to a precomputed spot. Between
 keyframes targets move along a smoothstep (zero velocity at each keyframe). Every
 track has its own fixed block of support slots in ``Controls`` (k = 0 while inactive),
 so shapes never change across the run.
@@ -54,15 +58,20 @@ place      0.00–2.00    all rim points                     20      flat → ci
 lift       2.00–4.70    rim columns 0 and C/2              300     CAPTURE → up to z 0.40 and in to
                                                                    x = ±0.03 m (2.90) → over to x 0.40
                                                                    (3.70) → down to z 0.10 (4.50), hold
-unfold     4.70–6.05    all rim points                     10      CAPTURE → circle r 0.11 m, z 0.14 m
-                                                                   about (0.40, 0) (5.70), hold
-gather     6.05–7.40    all rim points                     10      unfold circle → circle r 0.025 m,
-                                                                   z 0.15 (7.10), hold
-flap       7.40–9.40    5 rim columns round(jC/5)           50      gather circle, hold to 8.75 → circle
-                                                                   r 0.035 m, z 0.135 (9.40)
-cinch      7.40–9.40    every other column of the two       50      CAPTURE → circle r 0.015 m, neck band
-                        neck bands (rings neck, neck − 1)           z 0.12, lower band 0.6·(ring gap)
-                                                                   below (8.40), hold
+unfold     4.70–5.50    all rim points                     10      CAPTURE → each rim point 32 mm over its
+                                                                   column's neck point and 8 mm further out
+                                                                   from the contents' centre (5.30), hold
+unfold2    5.50–6.05    all rim points                     10      the same again from where the neck ring
+                                                                   is at 5.50 (5.90), hold
+hold neck  4.70–6.05    neck ring                          10      CAPTURE, hold (keeps the neck down while
+                                                                   the flap is pulled taut)
+gather     6.05–7.40    all rim points                     10      CAPTURE → circle r 0.025 m, z 0.15 over
+                                                                   the contents' centre (7.10), hold
+flap       7.40–9.40    5 rim columns round(jC/5)           50      CAPTURE, hold to 8.75 → circle r 0.035 m,
+                                                                   z 0.135 over the contents (9.40)
+cinch      7.40–9.40    every other column of the two       50      CAPTURE → circle r 0.015 m over the
+                        neck bands (rings neck, neck − 1)           contents, neck band z 0.12, lower band
+                                                                   0.6·(ring gap) below (8.40), hold
 =========  ===========  ================================  ======  ====================================
 
 * Why the place circle is 0.12 m at z 0.17 m: it is about what the film reaches without
@@ -71,11 +80,15 @@ cinch      7.40–9.40    every other column of the two       50      CAPTURE �
   coarse rim lagged ≈ 4 cm behind its targets, the supports and the compressed membrane
   stored ≈ 0.3 J, and when the place supports let go at 2.00 s the film sprang back and
   launched the spheres out of the bag (first coarse run).
-* Known limit (coarse bag): the rim's reference length is 2π·0.24 m ≈ 1.5 m on C points;
-  any hand circle much smaller than the rim forces the rim polygon into a zigzag of
-  alternating height and radius, since a 12-column ring cannot pleat. In the coarse runs
-  this made 5 of 12 columns fail :func:`check_unfolded` at 6.05 s for both unfold circles
-  tried (r 0.11 m at z 0.14 m, kept here, and r 0.08 m at z 0.15 m).
+* Why the unfold spreads the bag first: the rim ring is 14 % longer than the neck ring
+  (2π·0.24 vs 2π·0.21 m) and the film barely compresses in-plane, so a hand circle much
+  smaller than the rim, or rim targets straight over a bunched-up neck, force the rim
+  polygon into a zigzag of alternating height and the zigzag's low columns fold back
+  down. In the coarse runs that made 5 of 12 columns fail :func:`check_unfolded` for two
+  hand circles (r 0.11 m at z 0.14 m and r 0.08 m at z 0.15 m), and 3 of 12 for rim
+  targets over the neck as it lay after set-down (with or without a hand holding the neck
+  down). Spreading the neck ring to near its rest radius gives the rim room for its
+  length; then every coarse column rises from neck to rim at 6.05 s.
 * Drops: sphere j (in the order 26, 26, 26, 12, 12, 12, 25 mm) gets gravity from
   0.89 + j (1.60 − 0.89)/6 s.
 * Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between consecutive
@@ -117,6 +130,10 @@ TOL_RELEASED = 0.0005e-3
 T_RELEASE = 9.40
 T_END = 10.50
 TIE_K = 250.0
+SPREAD_NECK_RADIUS = 0.205  # m: the neck ring's circle while the bag is spread (rest radius 0.21)
+SPREAD_Z = 0.004            # m: its height (film on the floor)
+UNFOLD_RISE = 0.020         # m: rim target over its column's neck point after unfolding
+UNFOLD_OUTWARD = 0.022      # m: and this far outward from the contents' centre (chord 29.7 mm)
 EPS_T = 1e-9  # s: comparisons of accumulated step times against phase boundaries
 
 # Named phases, for progress display and for the measurements' windows (spec §5).
@@ -245,11 +262,63 @@ def smoothstep(s):
     return s * s * (3.0 - 2.0 * s)
 
 
+@dataclass(frozen=True)
+class Above:
+    """Keyframe targets over other particles: the positions of ``source`` (one particle per
+    supported point) when the track starts, raised by ``rise`` (m) and moved ``outward`` (m)
+    horizontally away from the xy centroid of ``about``'s positions at that time (``about``
+    defaults to ``source``)."""
+
+    source: np.ndarray
+    rise: float
+    outward: float = 0.0
+    about: np.ndarray | None = None
+
+    def resolve(self, x):
+        p = np.asarray(x, np.float64)[np.asarray(self.source)].copy()
+        about = self.source if self.about is None else self.about
+        c = np.asarray(x, np.float64)[np.asarray(about), :2].mean(axis=0)
+        d = p[:, :2] - c
+        n = np.linalg.norm(d, axis=1, keepdims=True)
+        p[:, :2] += self.outward * np.where(n > 1e-12, d / np.maximum(n, 1e-12), 0.0)
+        p[:, 2] += self.rise
+        return p
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Keyframe targets on a horizontal circle of ``radius`` (m) at height ``z`` (m), centred
+    over the xy centroid of ``about``'s positions when the track starts, one point per
+    supported particle at ``angles`` (rad)."""
+
+    about: np.ndarray
+    radius: float
+    z: float
+    angles: np.ndarray
+
+    def resolve(self, x):
+        c = np.asarray(x, np.float64)[np.asarray(self.about), :2].mean(axis=0)
+        a = np.asarray(self.angles, np.float64)
+        return np.stack([c[0] + self.radius * np.cos(a), c[1] + self.radius * np.sin(a),
+                         np.full(len(a), float(self.z))], axis=1)
+
+
+class _Bands(Ring):
+    """A :class:`Ring` whose points have their own heights (``z`` is an (n,) array)."""
+
+    def resolve(self, x):
+        p = Ring(self.about, self.radius, 0.0, self.angles).resolve(x)
+        p[:, 2] = np.asarray(self.z, np.float64)
+        return p
+
+
 @dataclass
 class SupportTrack:
     """One hand: ½ k ‖xᵢ − targetᵢ(t)‖² on ``index`` while t_on ≤ t < t_off.
 
-    keys: list of (time s, (n, 3) targets or CAPTURE).
+    keys: list of (time s, targets), where targets are an (n, 3) array of fixed positions,
+    ``CAPTURE`` (the supported points where they are when the track starts), or an
+    :class:`Above` / :class:`Ring` placed relative to particles' positions at the start.
     """
 
     name: str
@@ -260,7 +329,22 @@ class SupportTrack:
     keys: list
 
     def needs_capture(self) -> bool:
-        return any(isinstance(v, str) for _, v in self.keys)
+        return any(isinstance(v, (str, Above, Ring)) for _, v in self.keys)
+
+    def resolve(self, x):
+        """The keyframes as (time, (n, 3) array) with captures taken from positions x (N, 3)."""
+        out = []
+        for tk, v in self.keys:
+            if isinstance(v, str):
+                v = np.asarray(x, np.float64)[self.index]
+            elif isinstance(v, (Above, Ring)):
+                v = v.resolve(x)
+            v = np.asarray(v, np.float64)
+            if v.shape != (len(self.index), 3):
+                raise ValueError(f"track {self.name!r}: keyframe at {tk} s has shape {v.shape}, "
+                                 f"expected ({len(self.index)}, 3)")
+            out.append((tk, v))
+        return out
 
 
 @dataclass
@@ -276,10 +360,10 @@ class TieTrack:
     target: np.ndarray  # (Q,) m
 
 
-def _path(keys, t, captured):
-    """Targets at time t along the smoothstep keyframe path."""
-    vals = [captured if isinstance(v, str) else np.asarray(v) for _, v in keys]
+def _path(keys, t):
+    """Targets at time t along the smoothstep path through resolved keyframes (time, array)."""
     times = [tk for tk, _ in keys]
+    vals = [v for _, v in keys]
     if t <= times[0]:
         return vals[0]
     for (t0, v0), (t1, v1) in zip(zip(times, vals), zip(times[1:], vals[1:])):
@@ -295,7 +379,9 @@ class Choreography:
 
     Support slots: the tracks' particles concatenated in table order (a particle may sit in
     several tracks' slots; each is inactive outside its track). Tie slots: the tie track's
-    pairs. Captures (positions where a hand grabs) are filled by :meth:`observe`.
+    pairs. Captures are filled by :meth:`observe`: for a track whose keyframes depend on
+    where the film is (``CAPTURE``, :class:`Above`, :class:`Ring`), all particle positions
+    (N, 3) when the track starts; for the tie, its pairs' lengths at 8.40 s.
     """
 
     n_particles: int
@@ -343,13 +429,30 @@ class Choreography:
         done = []
         for tr in self.tracks:
             if tr.needs_capture() and tr.name not in self.captures and t + EPS_T >= tr.t_on:
-                self.captures[tr.name] = x[tr.index].copy()
+                self.captures[tr.name] = x.copy()
                 done.append(tr.name)
         if self.tie.name not in self.captures and t + EPS_T >= self.tie.t_on:
             p = self.tie.pairs
             self.captures[self.tie.name] = np.linalg.norm(x[p[:, 0]] - x[p[:, 1]], axis=1)
             done.append(self.tie.name)
         return done
+
+    def keyframes(self, name: str, t: float | None = None) -> list:
+        """The named track's keyframes resolved to (time, (n, 3) targets).
+
+        Raises:
+            RuntimeError: the track depends on where the film is when it starts but
+                :meth:`observe` has not recorded that (``t`` is only used in the message).
+        """
+        tr = self.track(name)
+        if not tr.needs_capture():
+            return tr.resolve(None)
+        cap = self.captures.get(name)
+        if cap is None:
+            when = "" if t is None else f" at t = {t:.4f} s"
+            raise RuntimeError(f"support track {name!r} is active{when} but its grab positions were not "
+                               f"captured; call observe(t, x) first")
+        return tr.resolve(cap)
 
     # ---- compile
     def controls_at(self, step_index: int, t: float) -> Controls:
@@ -368,11 +471,7 @@ class Choreography:
             n = len(tr.index)
             active = tr.t_on - EPS_T <= t < tr.t_off - EPS_T
             if active:
-                cap = self.captures.get(tr.name)
-                if tr.needs_capture() and cap is None:
-                    raise RuntimeError(f"support track {tr.name!r} is active at t = {t:.4f} s but its grab "
-                                       f"positions were not captured; call observe(t, x) first")
-                targets.append(_path(tr.keys, t_end, cap))
+                targets.append(_path(self.keyframes(tr.name, t), t_end))
                 ks.append(np.full(n, tr.k))
             else:
                 targets.append(np.zeros((n, 3)))
@@ -408,9 +507,19 @@ class Choreography:
         return {f"capture_{k}": v for k, v in self.captures.items()}
 
     def load_captures(self, npz) -> None:
+        """Restore captures written by :meth:`captures_npz` (e.g. from a run's state.npz).
+
+        Raises:
+            ValueError: a track's capture is not (N, 3) positions of this scene's particles.
+        """
+        names = {tr.name for tr in self.tracks}
         for key in npz.files:
             if key.startswith("capture_"):
-                self.captures[key[len("capture_"):]] = np.asarray(npz[key])
+                name, v = key[len("capture_"):], np.asarray(npz[key])
+                if name in names and v.shape != (self.n_particles, 3):
+                    raise ValueError(f"capture {name!r} has shape {v.shape}; expected ({self.n_particles}, 3) "
+                                     f"positions of every particle (a state saved by an older choreography?)")
+                self.captures[name] = v
 
 
 def _circle(n, r, z, center=(0.0, 0.0), phase=0.0):
@@ -424,7 +533,7 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     C = mesh.columns
     rim = mesh.rim
     flat_rim = mesh.x[rim] + np.array([0.0, 0.0, FILM_Z0])
-    cx, cy = SET_DOWN
+    cx, _ = SET_DOWN
     # place: all rim points contract onto a circle over the bin and come down to hold it open
     place = SupportTrack("place", 0.0, 2.00, rim, 20.0, [
         (0.0, flat_rim), (0.36, _circle(C, 0.13, 0.20)), (0.72, _circle(C, 0.12, 0.17))])
@@ -433,34 +542,45 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     at = lambda x, z: np.array([[x + 0.03, 0.0, z], [x - 0.03, 0.0, z]])
     lift = SupportTrack("lift", 2.00, 4.70, pair, 300.0, [
         (2.00, CAPTURE), (2.90, at(0.0, 0.40)), (3.70, at(cx, 0.40)), (4.50, at(cx, 0.10))])
-    open_circle = _circle(C, 0.11, 0.14, (cx, cy))
-    gathered = _circle(C, 0.025, 0.15, (cx, cy))
-    unfold = SupportTrack("unfold", 4.70, 6.05, rim, 10.0, [(4.70, CAPTURE), (5.70, open_circle)])
-    gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [(6.05, open_circle), (7.10, gathered)])
+    spheres = np.asarray(sphere_index)
+    col_angle = 2 * np.pi * np.arange(C) / C
+    # unfold (spread the bag and raise its hem): the neck ring is drawn out onto a circle
+    # near its rest radius on the floor around the contents while the rim is drawn onto a
+    # slightly larger, higher circle, so each column's last 30 mm rises outward like the rim
+    # of a dish; then a second pass places each rim point over its own column's neck point,
+    # from where the neck ring actually is at 5.50 s.
+    spread = SPREAD_NECK_RADIUS
+    neck_hand = SupportTrack("spread neck", 4.70, 6.05, mesh.neck, 10.0, [
+        (4.70, CAPTURE), (5.40, Ring(spheres, spread, SPREAD_Z, col_angle))])
+    unfold = SupportTrack("unfold", 4.70, 5.50, rim, 10.0, [
+        (4.70, CAPTURE), (5.40, Ring(spheres, spread + UNFOLD_OUTWARD, SPREAD_Z + UNFOLD_RISE, col_angle))])
+    unfold2 = SupportTrack("unfold2", 5.50, 6.05, rim, 10.0, [
+        (5.50, CAPTURE), (5.90, Above(mesh.neck, rise=UNFOLD_RISE, outward=UNFOLD_OUTWARD, about=spheres))])
+    # gather: the rim closes onto a small circle over the contents
+    gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [
+        (6.05, CAPTURE), (7.10, Ring(spheres, 0.025, 0.15, col_angle))])
     five = (np.arange(5) * C / 5).round().astype(int) % C
-    lowered = _circle(C, 0.035, 0.135, (cx, cy))[five]
     flap = SupportTrack("flap", 7.40, T_RELEASE, rim[five], 50.0, [
-        (7.40, gathered[five]), (8.75, gathered[five]), (T_RELEASE, lowered)])
+        (7.40, CAPTURE), (8.75, CAPTURE), (T_RELEASE, Ring(spheres, 0.035, 0.135, col_angle[five]))])
     cols = np.arange(0, C, 2)
     neck, lower = mesh.neck_ring, mesh.neck_ring - 1
     band_gap = mesh.ring_radius[neck] - mesh.ring_radius[lower]
     z_neck = 0.12
     band_a = ring_index(neck, cols, C)
     band_b = ring_index(lower, cols, C)
-    ang = 2 * np.pi * cols / C
-    ring_pts = lambda r, z: np.stack([cx + r * np.cos(ang), cy + r * np.sin(ang), np.full(len(cols), z)], axis=1)
-    cinch_target = np.concatenate([ring_pts(0.015, z_neck), ring_pts(0.015, z_neck - 0.6 * band_gap)])
+    ang = np.concatenate([col_angle[cols], col_angle[cols]])
+    z_band = np.concatenate([np.full(len(cols), z_neck), np.full(len(cols), z_neck - 0.6 * band_gap)])
     cinch = SupportTrack("cinch", 7.40, T_RELEASE, np.concatenate([band_a, band_b]), 50.0, [
-        (7.40, CAPTURE), (8.40, cinch_target)])
+        (7.40, CAPTURE), (8.40, _Bands(spheres, 0.015, z_band, ang))])
     m = len(cols)
     within = [(band[i], band[(i + 1) % m]) for band in (band_a, band_b) for i in range(m)]
     between = [(band_a[i], band_b[i]) for i in range(m)]
     chord = 2 * 0.012 * np.sin(np.pi / m)
     tie = TieTrack("tie", 8.40, 8.75, np.asarray(within + between, np.int32), TIE_K,
                    np.concatenate([np.full(len(within), chord), np.full(m, 0.6 * band_gap)]))
-    sphere_index = np.asarray(sphere_index)
+    sphere_index = spheres
     drops = 0.89 + np.arange(len(sphere_index)) * (1.60 - 0.89) / max(len(sphere_index) - 1, 1)
-    return Choreography(n_particles=n_particles, dt=dt, tracks=[place, lift, unfold, gather, flap, cinch],
+    return Choreography(n_particles=n_particles, dt=dt, tracks=[place, lift, neck_hand, unfold, unfold2, gather, flap, cinch],
                         tie=tie, sphere_index=sphere_index, sphere_mass=np.asarray(sphere_mass, float),
                         drop_times=drops, gravity=np.asarray(gravity, float))
 

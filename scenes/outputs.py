@@ -184,7 +184,8 @@ def render_frame(path, film, faces, spheres=(), sphere_radius=(), obstacles=None
         bounds = (mid - half, mid + half)
     ax.set_xlim(bounds[0][0], bounds[1][0])
     ax.set_ylim(bounds[0][1], bounds[1][1])
-    ax.set_zlim(max(bounds[0][2], -0.01), bounds[1][2])
+    z0 = max(bounds[0][2], -0.01)  # equal axis spans, so spheres look round
+    ax.set_zlim(z0, z0 + (bounds[1][2] - bounds[0][2]))
     ax.set_box_aspect((1, 1, 1))
     ax.set_xlabel("x (m)", fontsize=7)
     ax.set_ylabel("y (m)", fontsize=7)

@@ -161,7 +161,7 @@ def test_supports_ties_gravity_and_tolerance_schedule():
 def test_grabbing_tracks_start_where_the_film_is_and_need_a_capture():
     sc = B.bag_scene("coarse")
     ch = sc["choreography"]
-    with pytest.raises(RuntimeError, match="'unfold'.*observe"):
+    with pytest.raises(RuntimeError, match="'spread neck'.*observe"):
         ch.controls_at(0, 4.80)
     x = sc["x"].copy()
     x[sc["rim"]] += np.array([0.3, 0.0, -0.1])  # wherever the rim happens to be at 4.70 s
@@ -227,3 +227,57 @@ def test_min_film_sphere_gap_on_built_positions():
     gap = B.min_film_sphere_gap(film, spheres, mesh.triangles, radii)
     assert gap == pytest.approx(0.001, abs=1e-12)
     assert B.min_film_sphere_gap(film[:1], spheres[:1], mesh.triangles, radii) == pytest.approx(0.004, abs=1e-12)
+
+
+def test_relative_keyframes_follow_where_the_film_is_when_the_track_starts():
+    sc = B.bag_scene("coarse")
+    ch, mesh = sc["choreography"], sc["mesh"]
+    x = sc["x"].copy()
+    shift = np.array([0.37, -0.02, -0.05])
+    x[sc["film"]] += shift                    # the bag lies somewhere else
+    x[sc["spheres"]] = shift + np.array([0.0, 0.0, 0.05])  # contents centred under the bag's axis
+    ch.observe(4.70, x)
+    keys = ch.keyframes("unfold")
+    np.testing.assert_allclose(keys[0][1], x[sc["rim"]])  # grabs the rim where it lies
+    # spreading: neck and rim circles centred over the contents, each column at its own angle
+    neck_goal, rim_goal = ch.keyframes("spread neck")[-1][1], keys[-1][1]
+    ang = 2 * np.pi * np.arange(mesh.columns) / mesh.columns
+    np.testing.assert_allclose(neck_goal[:, :2] - shift[:2], B.SPREAD_NECK_RADIUS * np.stack(
+        [np.cos(ang), np.sin(ang)], 1), atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(rim_goal[:, :2] - shift[:2], axis=1),
+                               B.SPREAD_NECK_RADIUS + B.UNFOLD_OUTWARD, atol=1e-12)
+    np.testing.assert_allclose(rim_goal[:, 2] - neck_goal[:, 2], B.UNFOLD_RISE, atol=1e-12)
+    # second pass: each rim target sits UNFOLD_RISE over its own column's neck point where
+    # the neck lies at 5.50 s, UNFOLD_OUTWARD further out from the contents
+    x1 = x.copy()
+    x1[mesh.neck] += np.array([0.01, 0.0, 0.002])
+    ch.observe(5.50, x1)
+    goal, neck = ch.keyframes("unfold2")[-1][1], x1[mesh.neck]
+    np.testing.assert_allclose(goal[:, 2] - neck[:, 2], B.UNFOLD_RISE, atol=1e-12)
+    out = np.linalg.norm(goal[:, :2] - shift[:2], axis=1) - np.linalg.norm(neck[:, :2] - shift[:2], axis=1)
+    np.testing.assert_allclose(out, B.UNFOLD_OUTWARD, atol=1e-12)
+    # gather / cinch circles are centred over the contents as they lie when the track starts
+    x2 = x.copy()
+    x2[sc["spheres"]] += np.array([0.01, 0.02, 0.0])
+    ch.observe(7.40, x2)
+    cinch = ch.keyframes("cinch")[-1][1]
+    centre = x2[sc["spheres"], :2].mean(axis=0)
+    np.testing.assert_allclose(np.linalg.norm(cinch[:, :2] - centre, axis=1), 0.015, atol=1e-12)
+    flap = ch.keyframes("flap")
+    np.testing.assert_allclose(flap[0][1], x2[ch.track("flap").index])  # grabs the rim where it is
+    np.testing.assert_allclose(flap[1][1], flap[0][1])                    # and holds it to 8.75 s
+    np.testing.assert_allclose(np.linalg.norm(flap[-1][1][:, :2] - centre, axis=1), 0.035, atol=1e-12)
+
+
+def test_loading_captures_of_the_wrong_shape_is_refused(tmp_path):
+    sc = B.bag_scene("coarse")
+    ch = sc["choreography"]
+    np.savez(tmp_path / "s.npz", capture_unfold=np.zeros((12, 3)))  # an old per-track capture
+    with pytest.raises(ValueError, match=r"capture 'unfold' has shape \(12, 3\).*older choreography"):
+        ch.load_captures(np.load(tmp_path / "s.npz"))
+    ch.observe(7.5, sc["x"])
+    np.savez(tmp_path / "ok.npz", **ch.captures_npz())
+    ch2 = B.bag_scene("coarse")["choreography"]
+    ch2.load_captures(np.load(tmp_path / "ok.npz"))
+    for name in ("unfold", "unfold2", "spread neck", "gather", "cinch"):
+        np.testing.assert_allclose(ch2.keyframes(name)[-1][1], ch.keyframes(name)[-1][1])
