@@ -1,4 +1,4 @@
-"""Command line: ``ipcjax drape | bag | fit | verlet``.
+"""Command line: ``ipcjax drape | bag | fit | compare | verlet``.
 
 The CLI is the application layer: it is the one place in ``ipcjax`` that imports
 ``scenes`` and ``fitting``, lazily, inside each job.
@@ -304,9 +304,75 @@ def _fit(argv):
     return 0
 
 
+def _compare(argv):
+    ap = argparse.ArgumentParser(prog="ipcjax compare", description=(
+        "The bag on ipcjax IPC and Newton VBD side by side at the same instant: neck width, flap "
+        "height, self-intersecting frames, sphere height range, minimum distances and wall time per "
+        "simulated second, measured and audited by the same code. Reuses two run folders (--ipc, --vbd) "
+        "or runs both (--run; VBD needs pip install -e '.[newton]'). Writes comparison.md, "
+        "comparison.json and comparison.png to --out."))
+    ap.add_argument("--ipc", default=None, help="run folder of `ipcjax bag`")
+    ap.add_argument("--vbd", default=None, help="run folder of `python -m scenes.vbd_bag`")
+    ap.add_argument("--run", action="store_true", help="run both solvers now (into --out/ipc and --out/vbd)")
+    ap.add_argument("--resolution", choices=["full", "coarse"], default="coarse", help="with --run (default coarse)")
+    ap.add_argument("--until", type=float, default=0.5, help="with --run: simulated end time, s (default 0.5)")
+    ap.add_argument("--at", type=float, default=None,
+                    help="compare at this instant, s (default: the latest time both runs reached)")
+    ap.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    args = ap.parse_args(argv)
+    if args.run == bool(args.ipc or args.vbd) or (not args.run and not (args.ipc and args.vbd)):
+        ap.error("give either --run or both --ipc and --vbd")
+
+    import platform
+
+    from scenes.compare import compare_runs, load_run
+
+    timings = {}
+    if args.run:
+        import importlib.util
+
+        from scenes.vbd_bag import run_vbd
+
+        if importlib.util.find_spec("newton") is None:  # before the IPC run, not after it
+            print("compare --run needs Newton for the VBD run: pip install -e '.[newton]'", file=sys.stderr)
+            return 2
+        ipc_dir, vbd_dir = os.path.join(args.out, "ipc"), os.path.join(args.out, "vbd")
+        t0 = time.perf_counter()
+        _bag(["--resolution", args.resolution, "--until", str(args.until), "--out", ipc_dir,
+              "--mesh-every", "0", "--no-pictures"])
+        t1 = time.perf_counter()
+        run_vbd(args.resolution, args.until, vbd_dir)
+        t2 = time.perf_counter()
+        timings = dict(ipc_job_s=t1 - t0, vbd_job_s=t2 - t1)
+        note = (f"Both runs were made by this command, one after the other, in the same session on "
+                f"{platform.node()} ({os.cpu_count()} CPUs); whole jobs incl. compilation and set-up: IPC "
+                f"{t1 - t0:.0f} s, VBD {t2 - t1:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.")
+    else:
+        ipc_dir, vbd_dir = args.ipc, args.vbd
+        stamp = lambda d: time.strftime("%Y-%m-%d %H:%M", time.localtime(
+            os.path.getmtime(os.path.join(d, "summary.json")))) if os.path.exists(os.path.join(d, "summary.json")) else "?"
+        note = (f"Reused run folders: the wall times were not measured by this command, nor necessarily in "
+                f"the same session or under the same load (summary.json written {stamp(ipc_dir)} for IPC, "
+                f"{stamp(vbd_dir)} for VBD).")
+    t_eval = time.perf_counter()
+    try:
+        runs = {"ipcjax IPC": load_run(ipc_dir), "Newton VBD": load_run(vbd_dir)}
+        data = compare_runs(runs, args.out, args.at, timing_note=note)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
+    data.update(timings, evaluate_s=time.perf_counter() - t_eval, same_session=bool(args.run))
+    with open(os.path.join(args.out, "comparison.json"), "w") as f:
+        json.dump(_finite_or_none(data), f, indent=2)
+    print(data["table"])
+    print("\n".join(data["notes"]))
+    print(f"wrote {os.path.join(args.out, 'comparison.md')}, comparison.json, comparison.png")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    jobs = {"drape": _drape, "bag": _bag, "fit": _fit}
+    jobs = {"drape": _drape, "bag": _bag, "fit": _fit, "compare": _compare}
     try:
         from ipcjax import verlet as _verlet
         jobs["verlet"] = _verlet.main

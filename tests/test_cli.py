@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from ipcjax.cli import main
 
@@ -19,3 +20,28 @@ def test_drape_job_writes_trajectory_and_summary(tmp_path):
 def test_unknown_job_prints_usage(capsys):
     assert main(["nonsense"]) == 2
     assert "usage: ipcjax" in capsys.readouterr().out
+
+
+def test_compare_job_on_two_run_folders(tmp_path):
+    """`ipcjax compare --ipc A --vbd B` writes the table, JSON and picture (synthetic runs)."""
+    from scenes.bag import bag_scene
+    from tests.test_compare import ipc_summary, vbd_summary, write_run
+
+    sc = bag_scene("coarse")
+    ipc = write_run(tmp_path / "ipc", sc, 9, (2,), ipc_summary(9, 3.0))
+    vbd = write_run(tmp_path / "vbd", sc, 11, (2,), vbd_summary(11, 2.0))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--ipc", str(ipc), "--vbd", str(vbd), "--out", str(out)]) == 0
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["instant_s"] == pytest.approx(8 / 240) and data["same_session"] is False
+    assert "not measured by this command" in " ".join(data["notes"])
+    assert "1 / 9" in (out / "comparison.md").read_text()
+    assert (out / "comparison.png").exists()
+    assert main(["compare", "--ipc", str(ipc), "--vbd", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+
+
+def test_compare_job_needs_run_or_both_folders():
+    with pytest.raises(SystemExit):
+        main(["compare", "--ipc", "runs/x"])
+    with pytest.raises(SystemExit):
+        main(["compare", "--run", "--ipc", "runs/x", "--vbd", "runs/y"])
