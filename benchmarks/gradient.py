@@ -1,11 +1,19 @@
 """Gradient cost and accuracy of the implicit VJP, measured side by side in one run.
 
-    python3 benchmarks/gradient.py [--n 6] [--steps 10] [--repeat 5]
+    python3 benchmarks/gradient.py [--n 6] [--steps 10] [--repeat 5] [--memory-steps 2,4,8,16]
 
 Scene: an n×n film draped with friction on a fixed sphere (contact throughout). Prints
 JSON with the forward rollout time, the forward+backward time and their ratio, for the
 exact and the projected backward Hessian, and the relative difference between the two
 gradients (the error the projected Hessian causes).
+
+Memory against rollout length: XLA's own buffer assignment for the compiled forward and
+forward+backward programs (``compiled.memory_analysis()``: temporaries + arguments +
+outputs, bytes), for each length in --memory-steps, with the per-step slope from a
+least-squares line. This is the peak the compiled program reserves, deterministic and
+independent of the machine's other load. For comparison it prints the size of one
+dense free-DOF Hessian, (3F)² · 8 bytes: what storing each step's factorization would
+cost per step.
 """
 from __future__ import annotations
 
@@ -29,11 +37,35 @@ from scenes.film import drape_scene
 
 
 
+def _program_bytes(fn, *args):
+    ma = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes)
+
+
+def memory_against_length(m, cfg, cap, x0, v0, W, p0, lengths):
+    """Compiled forward and forward+backward bytes per rollout length, and the slopes."""
+    roll = make_rollout(m, cfg, cap)
+    rows = []
+    for T in lengths:
+        ctl = stack_controls([Controls.empty(m.n_particles, tolerance=5e-7)] * T)
+        loss = lambda p, ctl=ctl: jnp.sum(W * roll(p, x0, v0, ctl, 1 / 240)[0][-1])
+        rows.append(dict(steps=T, forward_bytes=_program_bytes(loss, p0),
+                         forward_backward_bytes=_program_bytes(jax.value_and_grad(loss), p0)))
+    T = np.array([r["steps"] for r in rows], float)
+    slope = lambda key: float(np.polyfit(T, [r[key] for r in rows], 1)[0]) if len(T) > 1 else None
+    dofs = 3 * int(m.n_free)
+    return dict(rows=rows, forward_bytes_per_step=slope("forward_bytes"),
+                forward_backward_bytes_per_step=slope("forward_backward_bytes"),
+                one_dense_hessian_bytes=dofs * dofs * 8, free_dofs=dofs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--memory-steps", default="2,4,8,16",
+                    help="comma-separated rollout lengths for the memory figures ('' to skip)")
     args = ap.parse_args(argv)
     sc = drape_scene(n=args.n, size=0.03, sphere_radius=0.02, gap=4e-4)
     m, cfg = sc["model"], Config()
@@ -58,6 +90,9 @@ def main(argv=None):
         a, b = float(getattr(grads["projected"], name)), float(getattr(grads["exact"], name))
         rel[name] = abs(a - b) / max(abs(b), 1e-300)
     out["projected_vs_exact_relative_difference"] = rel
+    lengths = [int(t) for t in args.memory_steps.split(",") if t.strip()]
+    if lengths:
+        out["memory"] = memory_against_length(m, cfg, cap, x0, v0, W, p0, lengths)
     print(json.dumps(out, indent=2))
     return out
 
