@@ -65,12 +65,14 @@ unfold2    5.50–6.05    all rim points                     10      the same ag
                                                                    is at 5.50 (5.90), hold
 hold neck  4.70–6.05    neck ring                          10      CAPTURE, hold (keeps the neck down while
                                                                    the flap is pulled taut)
-gather     6.05–7.40    all rim points                     10      CAPTURE → circle r 0.025 m, z 0.15 over
-                                                                   the contents' centre (7.10), hold
+gather     6.05–7.40    all rim points                     10      CAPTURE → star over the contents' centre,
+                                                                   z 0.10: even columns on r 0.025 m, odd
+                                                                   ones out where rim neighbours are 0.9
+                                                                   rest rim edges apart (7.10), hold
 flap       7.40–9.40    5 rim columns round(jC/5)           50      CAPTURE, hold to 8.75 → circle r 0.035 m,
-                                                                   z 0.135 over the contents (9.40)
+                                                                   z 0.09 over the contents (9.40)
 cinch      7.40–9.40    every other column of the two       50      CAPTURE → circle r 0.015 m over the
-                        neck bands (rings neck, neck − 1)           contents, neck band z 0.12, lower band
+                        neck bands (rings neck, neck − 1)           contents, neck band z 0.07, lower band
                                                                    0.6·(ring gap) below (8.40), hold
 =========  ===========  ================================  ======  ====================================
 
@@ -134,6 +136,15 @@ SPREAD_NECK_RADIUS = 0.205  # m: the neck ring's circle while the bag is spread 
 SPREAD_Z = 0.004            # m: its height (film on the floor)
 UNFOLD_RISE = 0.020         # m: rim target over its column's neck point after unfolding
 UNFOLD_OUTWARD = 0.022      # m: and this far outward from the contents' centre (chord 29.7 mm)
+# Heights over the floor for gathering and cinching. After the carry the seven spheres lie in
+# one layer on the floor (centres 14–28 mm up, tops ≈ 54 mm); the film from the bag's
+# centre under them, up their side and over their top leaves only a few cm to the neck, so
+# a rim gathered at 0.15 m (first coarse run) lifted the bag with its contents 40–70 mm off
+# the floor.
+GATHER_Z = 0.10             # m: rim star after gathering: even columns on r 25 mm, odd columns
+GATHER_EDGE = 0.9           # out where consecutive rim points are 0.9 rim edges apart (pleats)
+NECK_Z = 0.07               # m: cinched neck band (r 15 mm); the lower band 0.6 ring gaps below
+FLAP_LOWERED_Z = 0.09       # m: the five flap supports' circle (r 35 mm) at release
 EPS_T = 1e-9  # s: comparisons of accumulated step times against phase boundaries
 
 # Named phases, for progress display and for the measurements' windows (spec §5).
@@ -292,14 +303,15 @@ class Ring:
     supported particle at ``angles`` (rad)."""
 
     about: np.ndarray
-    radius: float
+    radius: float | np.ndarray  # one radius, or one per point (a star)
     z: float
     angles: np.ndarray
 
     def resolve(self, x):
         c = np.asarray(x, np.float64)[np.asarray(self.about), :2].mean(axis=0)
         a = np.asarray(self.angles, np.float64)
-        return np.stack([c[0] + self.radius * np.cos(a), c[1] + self.radius * np.sin(a),
+        r = np.broadcast_to(np.asarray(self.radius, np.float64), a.shape)
+        return np.stack([c[0] + r * np.cos(a), c[1] + r * np.sin(a),
                          np.full(len(a), float(self.z))], axis=1)
 
 
@@ -522,6 +534,23 @@ class Choreography:
                 self.captures[name] = v
 
 
+def star_radii(columns: int, inner: float, edge: float) -> np.ndarray:
+    """Radii of a star of ``columns`` points at angles 2π c / C: even points on the circle
+    of radius ``inner``, odd points out where consecutive points are ``edge`` apart.
+
+    A closed ring of C film edges cannot be gathered onto a circle smaller than its rest
+    perimeter (the film barely compresses in-plane), but it can fold into a star whose
+    sides keep their length: the pleats of a gathered bag.
+    """
+    c = np.cos(2 * np.pi / columns)
+    disc = (inner * c) ** 2 - inner ** 2 + edge ** 2
+    if disc <= 0:
+        raise ValueError(f"edge {edge} m is too short for a star around r = {inner} m")
+    r = np.full(columns, float(inner))
+    r[1::2] = inner * c + np.sqrt(disc)
+    return r
+
+
 def _circle(n, r, z, center=(0.0, 0.0), phase=0.0):
     a = phase + 2 * np.pi * np.arange(n) / n
     return np.stack([center[0] + r * np.cos(a), center[1] + r * np.sin(a), np.full(n, z)], axis=1)
@@ -543,6 +572,7 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     lift = SupportTrack("lift", 2.00, 4.70, pair, 300.0, [
         (2.00, CAPTURE), (2.90, at(0.0, 0.40)), (3.70, at(cx, 0.40)), (4.50, at(cx, 0.10))])
     spheres = np.asarray(sphere_index)
+    rim_edge = 2 * mesh.ring_radius[mesh.rings] * np.sin(np.pi / C)  # rest length of a rim edge
     col_angle = 2 * np.pi * np.arange(C) / C
     # unfold (spread the bag and raise its hem): the neck ring is drawn out onto a circle
     # near its rest radius on the floor around the contents while the rim is drawn onto a
@@ -558,14 +588,14 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
         (5.50, CAPTURE), (5.90, Above(mesh.neck, rise=UNFOLD_RISE, outward=UNFOLD_OUTWARD, about=spheres))])
     # gather: the rim closes onto a small circle over the contents
     gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [
-        (6.05, CAPTURE), (7.10, Ring(spheres, 0.025, 0.15, col_angle))])
+        (6.05, CAPTURE), (7.10, Ring(spheres, star_radii(C, 0.025, GATHER_EDGE * rim_edge), GATHER_Z, col_angle))])
     five = (np.arange(5) * C / 5).round().astype(int) % C
     flap = SupportTrack("flap", 7.40, T_RELEASE, rim[five], 50.0, [
-        (7.40, CAPTURE), (8.75, CAPTURE), (T_RELEASE, Ring(spheres, 0.035, 0.135, col_angle[five]))])
+        (7.40, CAPTURE), (8.75, CAPTURE), (T_RELEASE, Ring(spheres, 0.035, FLAP_LOWERED_Z, col_angle[five]))])
     cols = np.arange(0, C, 2)
     neck, lower = mesh.neck_ring, mesh.neck_ring - 1
     band_gap = mesh.ring_radius[neck] - mesh.ring_radius[lower]
-    z_neck = 0.12
+    z_neck = NECK_Z
     band_a = ring_index(neck, cols, C)
     band_b = ring_index(lower, cols, C)
     ang = np.concatenate([col_angle[cols], col_angle[cols]])

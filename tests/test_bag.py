@@ -281,3 +281,17 @@ def test_loading_captures_of_the_wrong_shape_is_refused(tmp_path):
     ch2.load_captures(np.load(tmp_path / "ok.npz"))
     for name in ("unfold", "unfold2", "spread neck", "gather", "cinch"):
         np.testing.assert_allclose(ch2.keyframes(name)[-1][1], ch.keyframes(name)[-1][1])
+
+
+def test_gather_star_keeps_rim_edges_near_rest_length():
+    for C in (12, 32):
+        mesh = B.bag_mesh(rings=7 if C == 12 else 15, columns=C)
+        edge = 2 * mesh.ring_radius[-1] * np.sin(np.pi / C)
+        r = B.star_radii(C, 0.025, 0.9 * edge)
+        a = 2 * np.pi * np.arange(C) / C
+        p = np.stack([r * np.cos(a), r * np.sin(a)], 1)
+        d = np.linalg.norm(p - np.roll(p, -1, axis=0), axis=1)
+        np.testing.assert_allclose(d, 0.9 * edge, rtol=1e-12)
+        assert np.all(r[::2] == 0.025) and np.all(r[1::2] > 0.025)
+    with pytest.raises(ValueError, match="too short for a star"):
+        B.star_radii(12, 0.1, 0.01)
