@@ -45,3 +45,41 @@ def test_compare_job_needs_run_or_both_folders():
         main(["compare", "--ipc", "runs/x"])
     with pytest.raises(SystemExit):
         main(["compare", "--run", "--ipc", "runs/x", "--vbd", "runs/y"])
+
+
+def test_fit_rejects_incomplete_or_bad_targets_before_compiling(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--neck-x", "0.038"])
+    assert "give all three of --neck-x, --neck-y and --flap" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--neck-x", "nan", "--neck-y", "0.037", "--flap", "0.018"])
+    assert "targets must be finite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--scene", "cantilever", "--param", "friction"])
+    assert "no contact" in capsys.readouterr().err
+
+
+def test_gauss_newton_step_solves_a_linear_least_squares_problem():
+    import jax.numpy as jnp
+    from ipcjax.cli import _gauss_newton
+    J = jnp.asarray([[2.0, 0.5], [0.1, 1.0], [0.3, -0.4]])
+    t = jnp.asarray([1.0, -2.0, 0.5])
+    z = jnp.zeros(2)
+    g = 2 * J.T @ (J @ z - t)
+    opt = _gauss_newton(J, damping=0.0)
+    upd, _ = opt.update(g, opt.init(z))
+    z1 = z + upd
+    np.testing.assert_allclose(np.asarray(z1), np.linalg.lstsq(np.asarray(J), np.asarray(t), rcond=None)[0], rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_fit_default_recovers_each_pouch_parameter_from_two_times_off(tmp_path):
+    out = tmp_path / "fit"
+    assert main(["fit", "--quiet", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["scene"] == "pouch" and s["synthetic"]
+    assert [f["params"] for f in s["fits"]] == [["youngs_modulus"], ["friction"], ["bending_scale"]]
+    for f in s["fits"]:
+        (err,) = f["relative_error"].values()
+        assert err < 0.01, f
+    assert len(s["jacobian_mm_per_log"]["singular_values"]) == 3
