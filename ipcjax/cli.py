@@ -24,6 +24,8 @@ def _drape(argv):
     ap.add_argument("--radius", type=float, default=0.02, help="sphere radius in m (default 0.02)")
     ap.add_argument("--membrane", choices=["neo_hookean", "stvk"], default="neo_hookean")
     ap.add_argument("--bending", choices=["hinge", "discrete_shell"], default="hinge")
+    ap.add_argument("--linear-solver", choices=["dense", "cg"], default="dense",
+                    help="Newton linear solve: dense Cholesky, or matrix-free CG for large films")
     ap.add_argument("--out", default="runs/drape", help="output folder (default runs/drape)")
     args = ap.parse_args(argv)
 
@@ -37,7 +39,7 @@ def _drape(argv):
     sc = drape_scene(n=args.resolution, size=args.size, sphere_radius=args.radius)
     model = sc["model"]
     params = Params.film_defaults()
-    config = Config(membrane=args.membrane, bending=args.bending)
+    config = Config(membrane=args.membrane, bending=args.bending, linear_solver=args.linear_solver)
     controls = Controls.empty(model.n_particles)
     state = make_state(sc["x"])
     dt = 1.0 / 240.0

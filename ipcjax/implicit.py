@@ -18,6 +18,12 @@ Approximations, each documented in docs/differentiation.md:
 * FP32 rounding of the stored positions passes the cotangent through unchanged;
 * fixed particles satisfy x*ᵢ = x₀ᵢ, so their cotangent flows straight to x₀.
 
+The linear solve follows ``config.linear_solver``: the dense path factorizes H (LU for
+the exact Hessian, Cholesky for the projected one); the CG path solves with block-Jacobi
+PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is positive
+semidefinite, and the inertia makes it definite). A CG solve that misses its tolerance
+returns a NaN cotangent rather than a silently wrong one.
+
 Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
 at the saved x*, so a rollout stores per step only x*, the step's inputs and its contact
 stencils.
@@ -29,7 +35,8 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from ipcjax.model import Config, Controls, Model
-from ipcjax.potential import gradient_and_hessian, incremental_potential
+from ipcjax.newton import block_jacobi, pcg
+from ipcjax.potential import HessianBlocks, dense_hessian, gradient_and_blocks, hessian_matvec, incremental_potential
 from ipcjax.result import StepCode
 from ipcjax.step import recheck_rounded, result_code, solve_positions, step_context
 
@@ -40,6 +47,23 @@ def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts,
     ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
     g = jax.grad(incremental_potential)(x, model, params, controls, ctx, contacts, config)
     return g[model.free_particles].reshape(-1)
+
+
+def hessian_solve(hb: HessianBlocks, rhs, config: Config, hessian: str = "exact"):
+    """u = H⁻¹ rhs over the free DOFs by the path ``config.linear_solver`` selects.
+
+    Dense: LU (``hessian="exact"``, possibly indefinite away from a minimiser) or
+    Cholesky (``"projected"``) of the scattered matrix. CG: block-Jacobi PCG on the
+    blocks to ``config.cg_tolerance``; NaN where it does not converge.
+    """
+    if config.linear_solver == "cg":
+        u, conv, _ = pcg(lambda v: hessian_matvec(hb, v), rhs, block_jacobi(hb),
+                         config.cg_tolerance, config.cg_max_iterations)
+        return jnp.where(conv, u, jnp.nan)
+    H = dense_hessian(hb)
+    if hessian == "exact":
+        return jnp.linalg.solve(H, rhs)
+    return jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
 
 
 def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"):
@@ -69,12 +93,8 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
         xbar = cot[0]
         fp = model.free_particles
         ctx = step_context(model, params, x0, v0, controls, dt, cs0, config)
-        _, H = gradient_and_hessian(x, model, params, controls, ctx, cs, config, exact=(hessian == "exact"))
-        rhs = -xbar[fp].reshape(-1)
-        if hessian == "exact":
-            u = jnp.linalg.solve(H, rhs)
-        else:
-            u = jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
+        _, hb = gradient_and_blocks(x, model, params, controls, ctx, cs, config, exact=(hessian == "exact"))
+        u = hessian_solve(hb, -xbar[fp].reshape(-1), config, hessian)
         G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config)
         _, vjp = jax.vjp(G, params, x0, v0, controls, dt)
         gp, gx0, gv0, gc, gdt = vjp(u)

@@ -120,13 +120,18 @@ class State(NamedTuple):
 class Config:
     """Solver settings.
 
-    ``membrane`` and ``bending`` choose the energy models and are static (changing them
-    recompiles); the numbers are traced leaves of the pytree, so tolerances, caps and
-    distances can change without recompiling.
+    ``membrane``, ``bending`` and ``linear_solver`` choose the energy models and the
+    Newton linear solve and are static (changing them recompiles); the numbers are traced
+    leaves of the pytree, so tolerances, caps and distances can change without
+    recompiling. ``linear_solver="dense"`` factorizes the equilibrated (3F, 3F) Hessian by
+    Cholesky; ``"cg"`` never forms it and solves with block-Jacobi preconditioned
+    conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
+    within ``cg_max_iterations`` (not reaching it is a failed factorization).
     """
 
     membrane: str = "neo_hookean"       # or "stvk"
     bending: str = "hinge"              # or "discrete_shell"
+    linear_solver: str = "dense"        # or "cg"
     dhat: float = 1.0e-3                # barrier activation distance, m
     min_gap: float = 0.030e-3           # film mid-surface gap, m
     skin: float = 1.5e-3                # candidate-reuse skin between Newton iterations, m
@@ -134,12 +139,19 @@ class Config:
     max_line_search: int = 48
     armijo: float = 1e-4
     max_subdivisions: int = 7
+    cg_tolerance: float = 1e-8          # relative residual ‖Hz + g‖/‖g‖ of the CG direction
+    cg_max_iterations: int = 5000
 
     def __post_init__(self):
         if self.membrane not in ("neo_hookean", "stvk"):
             raise ValueError(f"membrane must be 'neo_hookean' or 'stvk'; got {self.membrane!r}")
         if self.bending not in ("hinge", "discrete_shell"):
             raise ValueError(f"bending must be 'hinge' or 'discrete_shell'; got {self.bending!r}")
+        if self.linear_solver not in ("dense", "cg"):
+            raise ValueError(f"linear_solver must be 'dense' or 'cg'; got {self.linear_solver!r}")
+        if not (0 < self.cg_tolerance < 1 and self.cg_max_iterations >= 1):
+            raise ValueError(f"need 0 < cg_tolerance < 1 and cg_max_iterations ≥ 1; got "
+                             f"{self.cg_tolerance}, {self.cg_max_iterations}")
         if not (self.dhat > 0 and self.min_gap >= 0 and self.skin >= 0):
             raise ValueError(f"need dhat > 0, min_gap ≥ 0 and skin ≥ 0; got dhat={self.dhat}, "
                              f"min_gap={self.min_gap}, skin={self.skin}")
@@ -148,17 +160,18 @@ class Config:
 
 
 _CONFIG_NUMBERS = ("dhat", "min_gap", "skin", "max_newton", "max_line_search", "armijo",
-                   "max_subdivisions")
+                   "max_subdivisions", "cg_tolerance", "cg_max_iterations")
+_CONFIG_STATIC = ("membrane", "bending", "linear_solver")
 
 
 def _config_flatten(c: Config):
-    return tuple(getattr(c, k) for k in _CONFIG_NUMBERS), (c.membrane, c.bending)
+    return tuple(getattr(c, k) for k in _CONFIG_NUMBERS), tuple(getattr(c, k) for k in _CONFIG_STATIC)
 
 
 def _config_unflatten(aux, leaves):
     c = object.__new__(Config)  # no validation: leaves may be tracers
-    object.__setattr__(c, "membrane", aux[0])
-    object.__setattr__(c, "bending", aux[1])
+    for k, v in zip(_CONFIG_STATIC, aux):
+        object.__setattr__(c, k, v)
     for k, v in zip(_CONFIG_NUMBERS, leaves):
         object.__setattr__(c, k, v)
     return c

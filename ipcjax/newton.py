@@ -2,9 +2,13 @@
 
 One bounded ``lax.while_loop``; each iteration
 
-1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64),
-2. equilibrates with D = diag(H)^(−½) and solves (D H D) z = −D∇Φ by Cholesky
-   (``jax.scipy.linalg.cho_factor``), Δx = D z,
+1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks,
+2. solves H Δx = −∇Φ by the path ``config.linear_solver`` selects: ``"dense"`` scatters
+   the blocks into the (3F, 3F) matrix, equilibrates with D = diag(H)^(−½) and solves
+   (D H D) z = −D∇Φ by Cholesky (``jax.scipy.linalg.cho_factor``), Δx = D z; ``"cg"``
+   never forms the matrix and runs block-Jacobi preconditioned conjugate gradients with
+   H·v applied block by block (a direction that misses ``config.cg_tolerance`` within
+   ``config.cg_max_iterations`` is reported like a failed factorization),
 3. stops after this iteration when max|Δx| < tolerance (m) — the last small step is
    still taken when the line search accepts it,
 4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
@@ -27,8 +31,8 @@ from ipcjax import candidates as _cand
 from ipcjax import ccd as _ccd
 from ipcjax.model import Config, Controls, Model, Params
 from ipcjax.potential import (
-    ContactSet, StepContext, gather_stencils, gradient_and_hessian, incremental_potential,
-    stencil_offsets, stencil_weights,
+    ContactSet, HessianBlocks, StepContext, gather_stencils, gradient_and_blocks, gradient_and_hessian,
+    hessian_block_diagonal, hessian_matvec, incremental_potential, stencil_offsets, stencil_weights,
 )
 from ipcjax.result import StepCode
 
@@ -73,6 +77,77 @@ def newton_direction(g, H):
     dx = D * z
     ok = jnp.all(jnp.isfinite(cf[0])) & jnp.all(jnp.isfinite(dx))
     return jnp.where(ok, dx, 0.0), ok
+
+
+class CGInfo(NamedTuple):
+    iterations: jnp.ndarray  # CG iterations (matrix–vector products)
+    residual: jnp.ndarray    # relative residual ‖b − A z‖/‖b‖ (recurrence value)
+
+
+def pcg(matvec, b, precond, tol, max_iterations):
+    """Preconditioned conjugate gradients for A z = b, A SPD, from z = 0.
+
+    Stops when ‖r‖ ≤ tol·‖b‖ or after ``max_iterations``; a non-positive or non-finite
+    curvature pᵀAp (A not SPD) stops it as a breakdown. Returns (z, converged, CGInfo);
+    ``converged`` is False on breakdown, on the iteration cap and on non-finite input.
+    """
+    bnorm = jnp.linalg.norm(b)
+    s = precond(b)
+    init = (jnp.zeros_like(b), b, s, jnp.dot(b, s), jnp.int32(0), jnp.bool_(False))
+
+    def cond(c):
+        _, r, _, _, k, broke = c
+        return (jnp.linalg.norm(r) > tol * bnorm) & (k < max_iterations) & ~broke
+
+    def body(c):
+        z, r, p, rs, k, _ = c
+        q = matvec(p)
+        pq = jnp.dot(p, q)
+        broke = ~(jnp.isfinite(pq) & (pq > 0))
+        alpha = jnp.where(broke, 0.0, rs / jnp.where(broke, 1.0, pq))
+        z = z + alpha * p
+        r = r - alpha * q
+        s = precond(r)
+        rs2 = jnp.dot(r, s)
+        p = s + (rs2 / rs) * p
+        return z, r, p, rs2, k + 1, broke
+
+    z, r, _, _, k, broke = jax.lax.while_loop(cond, body, init)
+    rnorm = jnp.linalg.norm(r)
+    converged = (rnorm <= tol * bnorm) & ~broke
+    return z, converged, CGInfo(k, rnorm / jnp.where(bnorm > 0, bnorm, 1.0))
+
+
+def block_jacobi(hb: HessianBlocks):
+    """r ↦ P⁻¹r with P the 3×3 diagonal blocks of H, one per free particle."""
+    Pinv = jnp.linalg.inv(hessian_block_diagonal(hb))
+    return lambda r: jnp.einsum("fij,fj->fi", Pinv, r.reshape(-1, 3)).reshape(-1)
+
+
+def cg_direction(g, hb: HessianBlocks, config: Config):
+    """Δx over the free DOFs from H Δx = −g by block-Jacobi PCG on the element blocks.
+
+    Block-Jacobi preconditioning makes CG invariant to the dense path's diagonal
+    equilibration, so none is applied. Returns (Δx, success flag, CGInfo); the flag is
+    False when CG misses ``config.cg_tolerance`` within ``config.cg_max_iterations``,
+    breaks down or yields non-finite values.
+    """
+    dx, conv, info = pcg(lambda v: hessian_matvec(hb, v), -g, block_jacobi(hb),
+                         config.cg_tolerance, config.cg_max_iterations)
+    ok = conv & jnp.all(jnp.isfinite(dx))
+    return jnp.where(ok, dx, 0.0), ok, info
+
+
+def solve_direction(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                    contacts: ContactSet, config: Config):
+    """∇Φ, the Newton direction over the free DOFs and its success flag, by ``config.linear_solver``."""
+    if config.linear_solver == "cg":
+        g, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config)
+        dx, ok, _ = cg_direction(g, hb, config)
+    else:
+        g, H = gradient_and_hessian(x, model, params, controls, ctx, contacts, config)
+        dx, ok = newton_direction(g, H)
+    return g, dx, ok
 
 
 def step_bound(x, dx, contacts: ContactSet, radius, config: Config):
@@ -149,8 +224,7 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
 
     def body(c):
         x, cs, st, it, done, code, lst, amin, _, box = c
-        g, H = gradient_and_hessian(x, model, params, controls, ctx, cs, config)
-        dxf, fact_ok = newton_direction(g, H)
+        g, dxf, fact_ok = solve_direction(x, model, params, controls, ctx, cs, config)
         dx = to_full(dxf)
         step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
         converged = fact_ok & (step_norm < controls.tolerance)

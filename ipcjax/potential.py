@@ -6,10 +6,12 @@
 Every term is a small pure function of a few particles' positions (``ipcjax.energies``),
 lifted to the mesh with ``vmap`` over static index arrays. :func:`incremental_potential`
 is the value (differentiable by autodiff, used by the line search and the implicit VJP);
-:func:`gradient_and_hessian` assembles the hand-derived element gradients and the
-positive-semidefinite element Hessians the Newton solve uses, directly into the free
-degrees of freedom (fixed particles are eliminated, which is equivalent to the seed's
-zeroed row/column with a unit diagonal and zero right-hand side).
+:func:`gradient_and_blocks` computes the hand-derived element gradients and the
+positive-semidefinite element Hessians the Newton solve uses over the free degrees of
+freedom (fixed particles are eliminated, which is equivalent to the seed's zeroed
+row/column with a unit diagonal and zero right-hand side). The Hessian stays a stack of
+element blocks: :func:`gradient_and_hessian` scatters them into the dense matrix of the
+Cholesky path, :func:`hessian_matvec` applies them matrix-free for the CG path.
 """
 from __future__ import annotations
 
@@ -172,17 +174,25 @@ def incremental_potential(x, model, params, controls, ctx, contacts, config) -> 
 
 # --------------------------------------------------------------------------- assembly
 
-def _scatter(g, H, idx, g_loc, H_loc, free_slot):
-    """Add element gradients (E, k, 3) and Hessians (E, 3k, 3k) into free-DOF g and H.
+class HessianBlocks(NamedTuple):
+    """The solver Hessian over the free DOFs as stacked element blocks, never as a matrix.
 
-    Fixed particles map to slot F, whose rows fall outside the arrays and are dropped.
+    H = diag(diag) + Σ_groups Σ_e P_eᵀ B_e P_e, where P_e picks element e's 3k free DOFs
+    ``rows[e]``. Groups, in assembly order: membrane (k = 3), bending (4), barrier (4),
+    friction (4), supports (1), ties (2); the inertia m/dt² is the diagonal. Rows of fixed
+    particles are ≥ 3F (slot F): their entries fall outside every (3F,) array and are
+    dropped on scatter and read as zero on gather, which eliminates the fixed DOFs.
     """
-    k = idx.shape[1]
-    slots = free_slot[idx]                                    # (E, k)
-    rows = (3 * slots[:, :, None] + jnp.arange(3)).reshape(-1, 3 * k)  # (E, 3k)
-    g = g.at[rows.reshape(-1)].add(g_loc.reshape(-1), mode="drop")
-    H = H.at[rows[:, :, None], rows[:, None, :]].add(H_loc, mode="drop")
-    return g, H
+
+    diag: jnp.ndarray    # (3F,) N/m
+    rows: tuple          # per group (E, 3k) int32
+    blocks: tuple        # per group (E, 3k, 3k) N/m
+
+
+def _dof_rows(idx, free_slot):
+    """(E, 3k) free-DOF rows of the elements' particles; fixed particles map to rows ≥ 3F."""
+    slots = free_slot[idx]
+    return (3 * slots[:, :, None] + jnp.arange(3)).reshape(idx.shape[0], 3 * idx.shape[1])
 
 
 def _barrier_stencil_exact_hessian(X, kind, offset, dhat, k):
@@ -193,28 +203,36 @@ def _barrier_stencil_exact_hessian(X, kind, offset, dhat, k):
     return jax.hessian(e)(X).reshape(12, 12)
 
 
-def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
-                         contacts: ContactSet, config: Config, exact: bool = False):
-    """Assemble ∇Φ (3F,) and a Hessian (3F, 3F) over the free DOFs, FP64.
+def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                        contacts: ContactSet, config: Config, exact: bool = False):
+    """∇Φ (3F,) over the free DOFs and the Hessian as :class:`HessianBlocks`, FP64.
 
     Element gradients are the hand-derived ones. With ``exact=False`` (the Newton solve)
     element Hessians are the projected tangents: Neo-Hookean/StVK with the S₊ geometric
     part, hinge kθ∇θ∇θᵀ or the eigenvalue-clamped discrete-shell Hessian, barrier
     max(B″,0) jjᵀ, exact friction, PSD ties, supports kI, inertia m/dt² I. With
     ``exact=True`` (the implicit VJP) every element Hessian is the exact one — the
-    barrier's includes B′∇²d from the curvature of the distance — so the result is
-    ∇²Φ itself.
+    barrier's includes B′∇²d from the curvature of the distance — so the blocks sum to
+    ∇²Φ itself. Both linear-solve paths start here: the dense one scatters the blocks
+    into a matrix (:func:`dense_hessian`), the CG one multiplies with them
+    (:func:`hessian_matvec`).
     """
     F = model.n_free
     g = jnp.zeros(3 * F, x.dtype)
-    H = jnp.zeros((3 * F, 3 * F), x.dtype)
     slot = model.free_slot
+    rows, blocks = [], []
+
+    def add(g, idx, g_loc, H_loc):
+        r = _dof_rows(idx, slot)
+        rows.append(r)
+        blocks.append(H_loc)
+        return g.at[r.reshape(-1)].add(g_loc.reshape(-1), mode="drop")
 
     # inertia: diagonal
     free = ~model.fixed
     gi = _inert.inertia_gradient(x, ctx.y, model.mass, free, ctx.dt)[model.free_particles]
     g = g + gi.reshape(-1)
-    H = H + jnp.diag(jnp.repeat(_inert.inertia_hessian_diagonal(model.mass, free, ctx.dt)[model.free_particles], 3))
+    diag = jnp.repeat(_inert.inertia_hessian_diagonal(model.mass, free, ctx.dt)[model.free_particles], 3)
 
     # membrane
     mu, lam = membrane_coefficients(params)
@@ -226,7 +244,7 @@ def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ct
     ax = (0, 0, 0, None, None)
     g_el = jax.vmap(gf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
     H_el = jax.vmap(hf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
-    g, H = _scatter(g, H, model.film_triangles, g_el, H_el, slot)
+    g = add(g, model.film_triangles, g_el, H_el)
 
     # bending
     kb = bending_coefficients(model, params, config)
@@ -239,7 +257,7 @@ def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ct
         g_el = jax.vmap(_bend.discrete_shell_gradient, in_axes=ax)(Xh, model.theta0, kb, 1.0)
         hf = _bend.discrete_shell_hessian if exact else _bend.discrete_shell_hessian_psd
         H_el = jax.vmap(hf, in_axes=ax)(Xh, model.theta0, kb, 1.0)
-    g, H = _scatter(g, H, model.hinges, g_el.reshape(-1, 4, 3), H_el, slot)
+    g = add(g, model.hinges, g_el.reshape(-1, 4, 3), H_el)
 
     # barrier
     X = gather_stencils(x, contacts)
@@ -255,7 +273,7 @@ def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ct
     valid = contacts.valid
     g_el = jnp.where(valid[:, None, None], g_el, 0.0)
     H_el = jnp.where(valid[:, None, None], H_el, 0.0)
-    g, H = _scatter(g, H, contacts.idx, g_el, H_el, slot)
+    g = add(g, contacts.idx, g_el, H_el)
 
     # friction
     fs = ctx.friction
@@ -264,18 +282,61 @@ def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ct
     X, X0 = x[fs.idx], ctx.x0[fs.idx]
     g_el = jax.vmap(_fric.friction_gradient, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
     H_el = jax.vmap(_fric.friction_hessian, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
-    g, H = _scatter(g, H, fs.idx, g_el, H_el, slot)
+    g = add(g, fs.idx, g_el, H_el)
 
     # supports
     si = controls.support_index
     g_el = jax.vmap(_con.support_gradient)(x[si], controls.support_target, controls.support_k)
     H_el = jax.vmap(_con.support_hessian)(x[si], controls.support_target, controls.support_k)
-    g, H = _scatter(g, H, si[:, None], g_el[:, None, :], H_el, slot)
+    g = add(g, si[:, None], g_el[:, None, :], H_el)
 
     # ties
     tp = controls.tie_pairs
     g_el = jax.vmap(_con.tie_gradient)(x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
     H_el = jax.vmap(_con.tie_hessian if exact else _con.tie_hessian_psd)(
         x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
-    g, H = _scatter(g, H, tp, g_el, H_el, slot)
-    return g, H
+    g = add(g, tp, g_el, H_el)
+    return g, HessianBlocks(diag, tuple(rows), tuple(blocks))
+
+
+def dense_hessian(hb: HessianBlocks):
+    """Scatter the blocks into the dense (3F, 3F) matrix (8·(3F)² bytes)."""
+    n = hb.diag.shape[0]
+    H = jnp.zeros((n, n), hb.diag.dtype)
+    H = H + jnp.diag(hb.diag)
+    for r, B in zip(hb.rows, hb.blocks):
+        H = H.at[r[:, :, None], r[:, None, :]].add(B, mode="drop")
+    return H
+
+
+def hessian_matvec(hb: HessianBlocks, v):
+    """H v (3F,) by gather, per-element block product and scatter-add; never forms H."""
+    vp = jnp.concatenate([v, jnp.zeros(3, v.dtype)])  # rows of fixed particles read zeros
+    out = hb.diag * v
+    for r, B in zip(hb.rows, hb.blocks):
+        y = jnp.einsum("eij,ej->ei", B, vp[r])
+        out = out.at[r.reshape(-1)].add(y.reshape(-1), mode="drop")
+    return out
+
+
+def hessian_block_diagonal(hb: HessianBlocks):
+    """(F, 3, 3) diagonal blocks of H, one per free particle (for block-Jacobi)."""
+    F = hb.diag.shape[0] // 3
+    P = jnp.zeros((F, 3, 3), hb.diag.dtype)
+    P = P + hb.diag.reshape(F, 3)[:, :, None] * jnp.eye(3, dtype=hb.diag.dtype)
+    for r, B in zip(hb.rows, hb.blocks):
+        k = r.shape[1] // 3
+        Bd = jnp.stack([B[:, 3 * a:3 * a + 3, 3 * a:3 * a + 3] for a in range(k)], axis=1)  # (E, k, 3, 3)
+        P = P.at[r[:, ::3] // 3].add(Bd, mode="drop")
+    return P
+
+
+def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
+                         contacts: ContactSet, config: Config, exact: bool = False):
+    """Assemble ∇Φ (3F,) and the dense Hessian (3F, 3F) over the free DOFs, FP64.
+
+    The element blocks of :func:`gradient_and_blocks` (see there for which Hessians)
+    scattered into one matrix by :func:`dense_hessian`.
+    """
+    g, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config, exact)
+    return g, dense_hessian(hb)

@@ -1,0 +1,204 @@
+"""Seconds per Newton iteration against film size, dense Cholesky path beside the CG path.
+
+    python3 benchmarks/scale.py [--sizes 500,2000,4000,8000,16000,32000] [--dense-max 4200]
+                                [--repeat 3] [--json scale.json] [--plot scale.png]
+
+Scene per size: an n×n film (n = round(√size)) at the 484-vertex drape's spacing
+(0.1 m / 21 = 4.76 mm, so the film grows with n and the contact width d̂ = 1 mm stays
+well below the edge length), laid 0.4 mm above a fixed sphere of radius side/4 (inside
+d̂: barrier and lagged friction are active from the start) with a floor below. On that
+state the phases of the first Newton iteration are timed separately (jitted, median of
+--repeat after a warm-up call): assembly (∇Φ and the PSD Hessian: the dense matrix, or
+the element blocks), direction (equilibrated Cholesky solve, or block-Jacobi PCG),
+candidates (swept query x → x + Δx) and line search (step bound + Armijo loop). Beside
+them, for the dense path, the bare Cholesky (``cho_factor`` of the same Hessian).
+
+Each (size, path) runs in its own subprocess, so ``ru_maxrss`` is that path's peak
+resident memory (it includes JAX's own ~0.3–0.5 GB). The dense path runs only up to
+--dense-max vertices; beyond that the script prints what the (3F)² matrix would need.
+Prints a table and JSON; --plot writes a log-log plot of seconds per iteration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SPACING = 0.1 / 21  # m, the 22×22 drape of benchmarks/step.py
+
+
+def _worker(n: int, path: str, repeat: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import jax.scipy.linalg as jsl
+
+    import ipcjax  # noqa: F401
+    from benchmarks.timing import median_time
+    from ipcjax import candidates as C
+    from ipcjax.model import Config, Controls, Params
+    from ipcjax.newton import armijo, cg_direction, newton_direction, query_contacts, step_bound
+    from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential
+    from ipcjax.step import step_context
+    from scenes.film import drape_scene
+
+    t_start = time.perf_counter()
+    size = SPACING * (n - 1)
+    sc = drape_scene(n=n, size=size, sphere_radius=size / 4, gap=0.4e-3, floor=True)
+    m, p = sc["model"], Params.film_defaults()
+    cfg = Config(linear_solver=path)
+    ctl = Controls.empty(m.n_particles, tolerance=1.2e-5)
+    dt = jnp.asarray(1.0 / 240.0)
+    x = jnp.asarray(sc["x"])
+    _, cap = C.find_candidates_host(x, x, m.topology, cfg.dhat + cfg.skin, cfg.min_gap)
+    cs, _ = query_contacts(x, x, m, cfg, cap, cfg.skin)
+    ctx = jax.jit(lambda x: step_context(m, p, x, jnp.zeros_like(x), ctl, dt, cs, cfg))(x)
+
+    blocks = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, cfg))
+    if path == "dense":
+        assemble = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb)))(*blocks(x)))
+        direction = jax.jit(lambda g, H: newton_direction(g, H) + (jnp.int32(0),))
+    else:
+        assemble = blocks
+        direction = jax.jit(lambda g, hb: (lambda d, ok, info: (d, ok, info.iterations))(*cg_direction(g, hb, cfg)))
+    g, A = assemble(x)
+    dxf, ok, cg_iters = direction(g, A)
+    assert bool(ok), f"{path} direction failed at n={n}"
+    dx = jnp.zeros_like(x).at[m.free_particles].set(dxf.reshape(-1, 3))
+    cand = jax.jit(lambda x, dx: query_contacts(x, x + dx, m, cfg, cap, cfg.skin))
+    c2, st2 = cand(x, dx)
+    assert not bool(st2.overflow), "candidate overflow"
+
+    @jax.jit
+    def line_search(x, dx, g, dxf):
+        a0 = step_bound(x, dx, cs, m.radius, cfg)
+        phi = lambda z: incremental_potential(z, m, p, ctl, ctx, cs, cfg)
+        return armijo(phi, x, dx, phi(x), jnp.dot(g, dxf), a0, cfg)
+
+    t = dict(
+        assembly=median_time(lambda: assemble(x), repeat),
+        direction=median_time(lambda: direction(g, A), repeat),
+        candidates=median_time(lambda: cand(x, dx), repeat),
+        line_search=median_time(lambda: line_search(x, dx, g, dxf), repeat),
+    )
+    t["iteration"] = sum(t.values())
+    if path == "dense":
+        chol = jax.jit(lambda M: jsl.cho_factor(M, lower=True)[0])
+        t["bare_cholesky"] = median_time(lambda: chol(A), repeat)
+    n_cand = int(jnp.sum(cs.valid))
+    return dict(
+        n=n, vertices=n * n, particles=m.n_particles, free_dofs=int(g.shape[0]), path=path,
+        contacts=n_cand, friction_active=int(jnp.sum(ctx.friction.load > 0)), cg_iterations=int(cg_iters),
+        seconds=t, max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        wall_s=time.perf_counter() - t_start,
+    )
+
+
+def _run(n, path, repeat):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), path, "--repeat", str(repeat)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(n=n, vertices=n * n, path=path, error=r.stderr.strip().splitlines()[-1:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _plot(rows, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for key, label, style in (("dense", "dense path, one Newton iteration", "o-"),
+                              ("cg", "CG path, one Newton iteration", "s-"),
+                              ("bare_cholesky", "bare dense Cholesky", "^--")):
+        pts = [(r["vertices"], r[key]) for r in rows if r.get(key)]
+        if pts:
+            ax.loglog(*zip(*pts), style, label=label)
+    v = [r["vertices"] for r in rows]
+    cg = [(r["vertices"], r["cg"]) for r in rows if r.get("cg")]
+    if cg:
+        v0, t0 = cg[0]
+        ax.loglog(v, [t0 * (u / v0) ** 1.5 for u in v], ":", color="gray", label="∝ N^1.5 (from the first CG point)")
+    ax.set_xlabel("film vertices N")
+    ax.set_ylabel("seconds")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="500,2000,4000,8000,16000,32000", help="film vertex counts, comma-separated")
+    ap.add_argument("--dense-max", type=int, default=4200, help="largest vertex count run on the dense path")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="write a log-log plot of seconds per iteration here (png)")
+    ap.add_argument("--worker", nargs=2, metavar=("N", "PATH"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        print(json.dumps(_worker(int(args.worker[0]), args.worker[1], args.repeat)))
+        return None
+
+    rows, runs = [], []
+    print(f"{'vertices':>8} {'DOFs':>6} {'contacts':>8} {'dense s/it':>10} {'bare chol s':>11} {'cg s/it':>8} "
+          f"{'CG its':>6} {'cg/dense':>8} {'dense/chol':>10} {'cg/chol':>7} {'RSS dense':>9} {'RSS cg':>6}",
+          file=sys.stderr)
+    for size in [int(s) for s in args.sizes.split(",")]:
+        n = max(3, round(size ** 0.5))
+        row = dict(vertices=n * n)
+        if n * n <= args.dense_max:
+            d = _run(n, "dense", args.repeat)
+            runs.append(d)
+            if "error" not in d:
+                row.update(dense=d["seconds"]["iteration"], bare_cholesky=d["seconds"]["bare_cholesky"],
+                           rss_dense_gb=d["max_rss_gb"])
+        else:
+            dofs = 3 * n * n
+            row["dense_skipped"] = f"dense (3F)² would need {8 * dofs**2 / 1e9:.1f} GB per matrix"
+            print(f"{n * n:>8}  skipped: {row['dense_skipped']}", file=sys.stderr)
+        c = _run(n, "cg", args.repeat)
+        runs.append(c)
+        if "error" not in c:
+            row.update(cg=c["seconds"]["iteration"], cg_iterations=c["cg_iterations"], rss_cg_gb=c["max_rss_gb"],
+                       free_dofs=c["free_dofs"], contacts=c["contacts"])
+        else:
+            print(f"{n * n:>8}  cg failed: {c['error']}", file=sys.stderr)
+        if row.get("dense") and row.get("cg"):
+            row["cg_over_dense"] = row["cg"] / row["dense"]
+        if row.get("bare_cholesky"):
+            row["dense_over_bare_cholesky"] = row.get("dense", float("nan")) / row["bare_cholesky"]
+            row["cg_over_bare_cholesky"] = row.get("cg", float("nan")) / row["bare_cholesky"]
+        rows.append(row)
+        f = lambda k, w, fmt: format(row[k], fmt).rjust(w) if k in row else "—".rjust(w)
+        print(f"{n * n:>8} {row.get('free_dofs', 0):>6} {row.get('contacts', 0):>8} {f('dense', 10, '.4f')} "
+              f"{f('bare_cholesky', 11, '.4f')} {f('cg', 8, '.4f')} {f('cg_iterations', 6, 'd')} "
+              f"{f('cg_over_dense', 8, '.2f')} {f('dense_over_bare_cholesky', 10, '.2f')} "
+              f"{f('cg_over_bare_cholesky', 7, '.2f')} {f('rss_dense_gb', 9, '.2f')} {f('rss_cg_gb', 6, '.2f')}",
+              file=sys.stderr)
+    import jax
+    out = dict(
+        benchmark="scale",
+        machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}",
+        spacing_m=SPACING, repeat=args.repeat, rows=rows, runs=runs,
+    )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    if args.plot:
+        _plot(rows, args.plot)
+    print(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
