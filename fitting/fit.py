@@ -146,6 +146,49 @@ def fit(rollout: Callable, measure: Callable, target, params0: Params, names: Se
     return FitResult(_from_z(names, z, params0), history, converged)
 
 
+class QuasiNewtonState(NamedTuple):
+    z_prev: jnp.ndarray
+    g_prev: jnp.ndarray
+    inverse_hessian: jnp.ndarray
+    started: jnp.ndarray
+
+
+def gauss_newton_bfgs(jacobian, damping: float = 1e-10) -> optax.GradientTransformation:
+    """Quasi-Newton steps on a least-squares loss Σ rᵢ², as an optax transformation.
+
+    The first step is Gauss–Newton, Δz = −(2 (JᵀJ + λI))⁻¹ g with the residual Jacobian J
+    (m × p) at the start and λ = damping · max diag(JᵀJ); afterwards the inverse Hessian is
+    updated by BFGS from the gradients the loop computes anyway (s = Δz, y = Δg; an update
+    with sᵀy ≤ 0 is skipped). So the curvature follows the loss as the parameters move,
+    while the start needs only one Jacobian. Chain with ``optax.clip`` to bound the steps.
+    """
+    J = jnp.asarray(jacobian, jnp.float64)
+    A = J.T @ J
+    A = A + damping * jnp.max(jnp.diag(A)) * jnp.eye(A.shape[0])
+    H0 = 0.5 * jnp.linalg.inv(A)
+
+    def init(params):
+        z = jnp.zeros_like(jnp.asarray(params, jnp.float64))
+        return QuasiNewtonState(z, z, H0, jnp.asarray(False))
+
+    def update(g, state, params=None):
+        if params is None:
+            raise ValueError("gauss_newton_bfgs needs the current parameters in update()")
+        g = jnp.asarray(g, jnp.float64)
+        z = jnp.asarray(params, jnp.float64)
+        H = state.inverse_hessian
+        if bool(state.started):
+            s, y = z - state.z_prev, g - state.g_prev
+            sy = float(s @ y)
+            if sy > 1e-12 * float(jnp.linalg.norm(s) * jnp.linalg.norm(y)) and sy > 0:
+                rho = 1.0 / sy
+                I = jnp.eye(len(z))
+                H = (I - rho * jnp.outer(s, y)) @ H @ (I - rho * jnp.outer(y, s)) + rho * jnp.outer(s, s)
+        return -H @ g, QuasiNewtonState(z, g, H, jnp.asarray(True))
+
+    return optax.GradientTransformation(init, update)
+
+
 def plot_history(result: FitResult, path: str):
     """Plot loss and each fitted parameter per iteration to a PNG (needs matplotlib)."""
     import matplotlib

@@ -247,25 +247,6 @@ def _bag_outputs(args, sc, film, sph, times, audit, phases):
 POUCH_PARAMS = ("youngs_modulus", "friction", "bending_scale")
 
 
-def _gauss_newton(jacobian, damping: float = 1e-10):
-    """An optax transformation: Gauss–Newton steps of Σ rᵢ² with a fixed residual Jacobian J.
-
-    ∇(Σ r²) = 2 Jᵀr, so the step Δz = −(JᵀJ + λI)⁻¹ Jᵀr is −½ (JᵀJ + λI)⁻¹ g, with
-    λ = damping · max diag(JᵀJ) (keeps a rank-deficient J solvable). J (m × p) is taken
-    once, at the fit's start; the iteration converges linearly at the rate the Jacobian
-    changes between there and the optimum.
-    """
-    import jax.numpy as jnp
-    import optax
-
-    J = jnp.asarray(jacobian, jnp.float64)
-    A = J.T @ J
-    A = A + damping * jnp.max(jnp.diag(A)) * jnp.eye(A.shape[0])
-    P = -0.5 * jnp.linalg.inv(A)
-    return optax.GradientTransformation(lambda params: optax.EmptyState(),
-                                        lambda g, state, params=None: (P @ g, state))
-
-
 def _pouch_targets(args, ap):
     """Measured (neck x, neck y, flap) in m from --targets JSON or the flags; None if absent."""
     flags = (args.neck_x, args.neck_y, args.flap)
@@ -298,7 +279,7 @@ def _fit_pouch(args, ap):
     import jax.numpy as jnp
     import optax
 
-    from fitting.fit import FitFailed, fit, plot_history
+    from fitting.fit import FitFailed, fit, gauss_newton_bfgs, plot_history
     from ipcjax.candidates import initial_capacity
     from ipcjax.implicit import make_rollout
     from ipcjax.result import StepCode
@@ -368,7 +349,7 @@ def _fit_pouch(args, ap):
             fits.append(dict(params=names, start=start, failed="the rollout at the start parameters failed"))
             continue
         J0 = np.asarray(J0) / scale
-        opt = optax.chain(_gauss_newton(J0[:, cols], damping), optax.clip(0.5))  # ≤ 0.5 in log per step
+        opt = optax.chain(gauss_newton_bfgs(J0[:, cols], damping), optax.clip(0.5))  # ≤ 0.5 in log per step
         tag = "+".join(names)
         try:
             res = fit(rollout, measure, target, p0, names, optimizer=opt, iterations=args.iterations,

@@ -59,19 +59,6 @@ def test_fit_rejects_incomplete_or_bad_targets_before_compiling(capsys):
     assert "no contact" in capsys.readouterr().err
 
 
-def test_gauss_newton_step_solves_a_linear_least_squares_problem():
-    import jax.numpy as jnp
-    from ipcjax.cli import _gauss_newton
-    J = jnp.asarray([[2.0, 0.5], [0.1, 1.0], [0.3, -0.4]])
-    t = jnp.asarray([1.0, -2.0, 0.5])
-    z = jnp.zeros(2)
-    g = 2 * J.T @ (J @ z - t)
-    opt = _gauss_newton(J, damping=0.0)
-    upd, _ = opt.update(g, opt.init(z))
-    z1 = z + upd
-    np.testing.assert_allclose(np.asarray(z1), np.linalg.lstsq(np.asarray(J), np.asarray(t), rcond=None)[0], rtol=1e-12)
-
-
 @pytest.mark.slow
 def test_fit_default_recovers_each_pouch_parameter_from_two_times_off(tmp_path):
     out = tmp_path / "fit"
