@@ -25,35 +25,15 @@ from ipcjax.energies.bending import (
     hinges_rest,
 )
 from ipcjax.topology import hinge_topology
+from scenes.outputs import icosphere as unit_icosphere
 
 E_FILM, NU, H = 315e6, 0.45, 30e-6
 R = 0.05  # m: a 5 cm sphere / cylinder, the size of the bag's contents
 
 
 def icosphere(n_subdiv, radius):
-    t = (1 + 5**0.5) / 2
-    V = [(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t),
-         (0, -1, -t), (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)]
-    F = [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4),
-         (11, 10, 2), (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8),
-         (3, 8, 9), (4, 9, 5), (2, 4, 11), (6, 2, 10), (8, 6, 7), (9, 8, 1)]
-    V = [np.array(v, float) / np.linalg.norm(v) for v in V]
-    for _ in range(n_subdiv):
-        cache, F2 = {}, []
-
-        def mid(i, j):
-            key = (min(i, j), max(i, j))
-            if key not in cache:
-                m = V[i] + V[j]
-                V.append(m / np.linalg.norm(m))
-                cache[key] = len(V) - 1
-            return cache[key]
-
-        for a, b, c in F:
-            ab, bc, ca = mid(a, b), mid(b, c), mid(c, a)
-            F2 += [(a, ab, ca), (b, bc, ab), (c, ca, bc), (ab, bc, ca)]
-        F = F2
-    return radius * np.array(V), np.array(F)
+    v, f = unit_icosphere(n_subdiv)
+    return radius * v, f
 
 
 def cylinder(n_circ, n_axial, radius, kind):
