@@ -141,6 +141,7 @@ class Config:
     max_subdivisions: int = 7
     cg_tolerance: float = 1e-8          # relative residual ‖Hz + g‖/‖g‖ of the CG direction
     cg_max_iterations: int = 5000
+    ccd_passes: int = 16                # conservative-advancement passes of the step bound (1: single bound)
 
     def __post_init__(self):
         if self.membrane not in ("neo_hookean", "stvk"):
@@ -157,10 +158,12 @@ class Config:
                              f"min_gap={self.min_gap}, skin={self.skin}")
         if not (self.max_newton >= 1 and self.max_line_search >= 1 and self.max_subdivisions >= 0):
             raise ValueError("max_newton and max_line_search must be ≥ 1 and max_subdivisions ≥ 0")
+        if not self.ccd_passes >= 1:
+            raise ValueError(f"ccd_passes must be ≥ 1; got {self.ccd_passes}")
 
 
 _CONFIG_NUMBERS = ("dhat", "min_gap", "skin", "max_newton", "max_line_search", "armijo",
-                   "max_subdivisions", "cg_tolerance", "cg_max_iterations")
+                   "max_subdivisions", "cg_tolerance", "cg_max_iterations", "ccd_passes")
 _CONFIG_STATIC = ("membrane", "bending", "linear_solver")
 
 

@@ -153,15 +153,17 @@ def solve_direction(x, model: Model, params: Params, controls: Controls, ctx: St
 def step_bound(x, dx, contacts: ContactSet, radius, config: Config):
     """Largest first trial α ∈ [0, 1] keeping every candidate's gap positive along x + αΔx.
 
-    The minimum over stencils of :func:`ipcjax.ccd.stencil_max_step`: the conservative
+    The minimum over stencils of :func:`ipcjax.ccd.stencil_advance`: the conservative
     bound along each stencil's current separating normal, started at 90% of g/approach
-    when that is ≤ 1 (spec §4).
+    when that is ≤ 1 (spec §4), then re-applied from where it stopped up to
+    ``config.ccd_passes`` times (conservative advancement; 1 pass = the single bound).
     """
     X = gather_stencils(x, contacts)
     dX = dx[contacts.idx]
-    w = jax.vmap(stencil_weights)(X, contacts.kind)
     off = stencil_offsets(contacts, radius, config.min_gap)
-    a = jax.vmap(_ccd.stencil_max_step)(X, dX, w, off, contacts.kind)
+    passes = config.ccd_passes
+    a, _ = jax.vmap(lambda X, dX, o, k: _ccd.stencil_advance(X, dX, o, k, stencil_weights, passes))(
+        X, dX, off, contacts.kind)
     return jnp.min(jnp.where(contacts.valid, a, 1.0), initial=1.0)
 
 

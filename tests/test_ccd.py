@@ -223,3 +223,72 @@ def test_mixed_kinds_vmap_and_infeasible_starts():
     # touching (d = 0): no separating normal, no step
     Y = np.stack([X[0, 1], *X[0, 1:]])
     assert _step(Y[None], dX[:1], np.zeros(1), kinds[:1])[0] == 0.0
+
+
+# --------------------------------------------------------------- conservative advancement
+
+PASSES = 16
+_advance = _padded(jax.jit(jax.vmap(
+    lambda X, dX, o, k, p: ccd.stencil_advance(X, dX, o, k, _contact_weights, p)[0])))
+
+
+@pytest.mark.parametrize("kind", list(K))
+def test_advancement_is_safe_and_never_below_the_single_bound(kind):
+    """Random motions: more passes never shrink α, one pass is the single bound, and the
+    path up to the advanced α keeps the distance above the offset (dense sampling)."""
+    rng = np.random.default_rng(40 + int(kind))
+    n = BATCH
+    X, _ = _contacts(rng, n, kind)
+    d = _distance(X, kind)
+    offset = d * rng.uniform(0.0, 0.9, size=n)
+    dX = rng.normal(size=X.shape) * d[:, None, None] * 10.0 ** rng.uniform(-1, 1, size=(n, 1, 1))
+    if kind == K.SS:
+        dX[:, 2] = dX[:, 3] = dX[:, 1]
+    kinds = np.full(n, kind, np.int32)
+    single = np.asarray(_step(X, dX, offset, kinds))
+    one = np.asarray(_advance(X, dX, offset, kinds, np.ones(n, np.int32)))
+    many = np.asarray(_advance(X, dX, offset, kinds, np.full(n, PASSES, np.int32)))
+    assert np.array_equal(one, single)
+    assert np.all(many >= single) and np.all(many <= 1.0)
+    if kind != K.SS:  # a sphere pair has one normal: rotation cannot fool the single bound
+        assert np.sum(many > single * 1.01) >= n // 20, "advancement gains on a share of random motions"
+    dmin = np.asarray(_min_path_distance(X, dX, kinds, many))
+    g = d - offset
+    # the floor it advances to: 10% of the starting gap (what the single bound allows too)
+    assert np.all(dmin - offset > 0.1 * g * (1 - 1e-6) - 1e-15)
+
+
+@pytest.mark.parametrize("kind", [K.VT, K.EE])
+def test_rotation_about_the_contact_advances_to_the_full_step(kind):
+    """A stencil turning about its closest point (the tie phase's limiting EE contact): the
+    single bound sees the vertices' normal motion and allows ~10%; the closest points do
+    not approach, so advancement reaches (nearly) the full step."""
+    g = 10e-6
+    if kind == K.VT:  # point above the centre of a triangle that tilts about its centroid
+        T = np.array([[-1.0, -1.0, 0.0], [1.0, -1.0, 0.0], [0.0, 1.0, 0.0]]) * 0.005
+        T -= T.mean(axis=0)
+        X = np.vstack([[0.0, 0.0, g], T])
+        dX = np.zeros((4, 3))
+        dX[1:, 2] = 0.02 * T[:, 1]  # small tilt about x through the centroid: z += 0.02·y
+    else:  # crossed edges; the lower edge rotates about the common normal's foot
+        X = np.array([[-0.005, 0.0, g], [0.005, 0.0, g], [0.0, -0.005, 0.0], [0.0, 0.005, 0.0]])
+        dX = np.zeros((4, 3))
+        dX[2, 2], dX[3, 2] = -0.02 * 0.005, 0.02 * 0.005  # tilt about x through the origin
+    Xb, dXb = X[None], dX[None]
+    kinds = np.array([kind], np.int32)
+    single = float(_step(Xb, dXb, np.zeros(1), kinds)[0])
+    many = float(_advance(Xb, dXb, np.zeros(1), kinds, np.array([PASSES], np.int32))[0])
+    assert single < 0.15
+    assert many > 0.9
+    assert float(_min_path_distance(Xb, dXb, kinds, np.array([many]))[0]) > 0.1 * g
+
+
+@pytest.mark.parametrize("kind", list(K))
+def test_advancement_stops_a_head_on_crossing_where_the_single_bound_does(kind):
+    n = 50
+    X, dX, h = _crossing(np.random.default_rng(60 + int(kind)), n, kind)
+    kinds = np.full(n, kind, np.int32)
+    many = np.asarray(_advance(X, dX, np.zeros(n), kinds, np.full(n, PASSES, np.int32)))
+    # the crossings slide a little, so the closest points move: allow a few % over 0.45
+    assert np.all((many >= 0.45 * (1 - 1e-9)) & (many < 0.5))
+    assert np.all(_min_path_distance(X, dX, kinds, many) > 0.09 * h)
