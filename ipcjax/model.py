@@ -141,7 +141,7 @@ class Config:
     max_subdivisions: int = 7
     cg_tolerance: float = 1e-8          # relative residual ‖Hz + g‖/‖g‖ of the CG direction
     cg_max_iterations: int = 5000
-    ccd_passes: int = 16                # conservative-advancement passes of the step bound (1: single bound)
+    ccd_passes: int = 256               # conservative-advancement passes of the step bound (1: single bound)
 
     def __post_init__(self):
         if self.membrane not in ("neo_hookean", "stvk"):
