@@ -6,6 +6,7 @@ The CLI is the application layer: it is the one place in ``ipcjax`` that imports
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -245,6 +246,7 @@ def _bag_outputs(args, sc, film, sph, times, audit, phases):
 
 
 POUCH_PARAMS = ("youngs_modulus", "friction", "bending_scale")
+BAG_FIT_MAX_NEWTON = 600
 
 
 def _pouch_targets(args, ap):
@@ -277,12 +279,9 @@ def _fit_pouch(args, ap):
     """Default ``ipcjax fit``: E, μf, kθ from the pouch's neck width (x, y) and flap height."""
     import jax
     import jax.numpy as jnp
-    import optax
 
-    from fitting.fit import FitFailed, fit, gauss_newton_bfgs, plot_history
     from ipcjax.candidates import initial_capacity
     from ipcjax.implicit import make_rollout
-    from ipcjax.result import StepCode
     from scenes.pouch import measure as pouch_measure, pouch_scene
 
     measured = _pouch_targets(args, ap)  # bad targets fail before any compilation
@@ -300,7 +299,54 @@ def _fit_pouch(args, ap):
         return frames[-1:], codes  # the measurements need the final frame only
 
     measure = lambda frames: pouch_measure(frames[-1], neck, rim)
-    known = sc["params"]
+    return _fit_shape(args, "pouch", rollout, measure, sc["params"], measured, t_start, {})
+
+
+def _fit_bag(args, ap):
+    """``ipcjax fit --scene bag``: E, μf, kθ from the bag's neck and flap over a window of
+    steps from a saved ``ipcjax bag`` state (see ``fitting.bag``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from fitting.bag import WindowFailed, bag_window
+    from ipcjax.implicit import make_rollout
+    from scenes.pouch import measure as shape_measure
+
+    measured = _pouch_targets(args, ap)
+    t_start = time.perf_counter()
+    try:
+        w = bag_window(args.state, args.window)
+    except (ValueError, WindowFailed) as e:
+        print(f"fit: {e}", file=sys.stderr)
+        return 1
+    sc = w["scene"]
+    # the rollout cannot subdivide a step as the host driver does, so a trial parameter set
+    # gets more Newton iterations per step than the run's 150 before it counts as failed
+    config = dataclasses.replace(sc["config"], max_newton=BAG_FIT_MAX_NEWTON)
+    roll = make_rollout(sc["model"], config, w["capacity"], round_fp32=False)
+    x0, v0, ctl, dt = jnp.asarray(w["x0"]), jnp.asarray(w["v0"]), w["controls"], w["dt"]
+    neck, rim = jnp.asarray(sc["neck"]), jnp.asarray(sc["rim"])
+
+    @jax.jit
+    def rollout(p):
+        frames, _, codes = roll(p, x0, v0, ctl, dt)
+        return frames[-1:], codes
+
+    measure = lambda frames: shape_measure(frames[-1], neck, rim)
+    extra = dict(state=os.path.abspath(args.state), resolution=sc["resolution"],
+                 window=dict(steps=args.window, t0_s=w["t0"], t1_s=w["t1"], phases=w["phases"]))
+    return _fit_shape(args, "bag", rollout, measure, w["params"], measured, t_start, extra)
+
+
+def _fit_shape(args, scene, rollout, measure, known, measured, t_start, extra):
+    """Fit E, μf and kθ (alone or jointly) to (neck x, neck y, flap) of ``rollout``'s last frame."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from fitting.fit import FitFailed, fit, gauss_newton_bfgs, plot_history
+    from ipcjax.result import StepCode
+
     scale = 1e-3  # residuals in mm
 
     def measure_z(z):  # measurements as a function of (log E, log μf, log kθ)
@@ -318,7 +364,7 @@ def _fit_pouch(args, ap):
     codes = np.asarray(codes)
     if codes.any():
         i = int(np.flatnonzero(codes)[0])
-        print(f"fit: the pouch rollout at the known parameters failed at step {i}: "
+        print(f"fit: the {scene} rollout at the known parameters failed at step {i}: "
               f"{StepCode.describe(int(codes[i]))}", file=sys.stderr)
         return 1
     J = np.asarray(J) / scale  # mm per unit log-parameter
@@ -370,7 +416,7 @@ def _fit_pouch(args, ap):
             rec["relative_error"] = {n: abs(rec["fitted"][n] / float(getattr(known, n)) - 1.0) for n in names}
         fits.append(rec)
     summary = dict(
-        scene="pouch", synthetic=synthetic, target_m=dict(zip(("neck_x", "neck_y", "flap"), map(float, target))),
+        scene=scene, **extra, synthetic=synthetic, target_m=dict(zip(("neck_x", "neck_y", "flap"), map(float, target))),
         known_params={n: float(getattr(known, n)) for n in POUCH_PARAMS},
         jacobian_mm_per_log=dict(rows=["neck_x", "neck_y", "flap"], cols=list(POUCH_PARAMS), J=J.tolist(),
                                  singular_values=sv.tolist(), condition_number=float(sv[0] / sv[-1]),
@@ -389,12 +435,16 @@ def _fit(argv):
         "and released; the measurements are its neck width (x, y) and flap height. Without "
         "targets they are simulated with the film's default parameters, and E, μf and kθ are "
         "each recovered alone from --start-factor × off (--joint: all three together). "
+        "--scene bag: the same three from the 481-vertex bag's neck and flap, over a window of "
+        "--window steps from a saved `ipcjax bag` state (--state, e.g. one saved before tying). "
         "--scene cantilever: a clamped film's tip height, one parameter, adam."))
-    ap.add_argument("--scene", choices=["pouch", "cantilever"], default="pouch")
+    ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")
+    ap.add_argument("--state", default=None, help="bag: an `ipcjax bag` state.npz to start the window from")
+    ap.add_argument("--window", type=int, default=12, help="bag: window length in steps of 1/240 s (default 12)")
     ap.add_argument("--param", default=None,
                     choices=["bending_scale", "youngs_modulus", "thickness", "friction"],
                     help="fit only this parameter (pouch default: E, μf and kθ in turn; cantilever: bending_scale)")
-    ap.add_argument("--joint", action="store_true", help="pouch: fit E, μf and kθ together")
+    ap.add_argument("--joint", action="store_true", help="pouch, bag: fit E, μf and kθ together")
     ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
     ap.add_argument("--start-factor", type=float, default=2.0, help="pouch: start at this × the known value (default 2)")
     ap.add_argument("--targets", default=None, help="pouch: JSON with neck_x_m, neck_y_m, flap_m (or an "
@@ -409,15 +459,23 @@ def _fit(argv):
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
     args = ap.parse_args(argv)
-    if args.scene == "pouch":
+    if args.scene in ("pouch", "bag"):
         if args.param is not None and args.param not in POUCH_PARAMS:
-            ap.error(f"--param for the pouch must be one of {', '.join(POUCH_PARAMS)}")
+            ap.error(f"--param for the {args.scene} must be one of {', '.join(POUCH_PARAMS)}")
         if args.joint and args.param:
             ap.error("--joint fits all three; leave out --param")
         if not (args.start_factor > 0 and np.isfinite(args.start_factor)):
             ap.error(f"--start-factor must be > 0; got {args.start_factor}")
         args.iterations = 30 if args.iterations is None else args.iterations
-        return _fit_pouch(args, ap)
+        if args.scene == "pouch":
+            return _fit_pouch(args, ap)
+        if args.state is None:
+            ap.error("--scene bag needs --state: a state.npz written by `ipcjax bag` (e.g. runs/bag/state.npz)")
+        if not os.path.exists(args.state):
+            ap.error(f"--state {args.state}: no such file")
+        if args.window < 1:
+            ap.error(f"--window must be ≥ 1; got {args.window}")
+        return _fit_bag(args, ap)
     if args.param is None:
         args.param = "bending_scale"
     if args.param == "friction":

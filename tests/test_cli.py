@@ -70,3 +70,37 @@ def test_fit_default_recovers_each_pouch_parameter_from_two_times_off(tmp_path):
         (err,) = f["relative_error"].values()
         assert err < 0.01, f
     assert len(s["jacobian_mm_per_log"]["singular_values"]) == 3
+
+
+BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8.50 s (tying)
+
+
+def test_fit_bag_needs_a_readable_bag_state(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--scene", "bag"])
+    assert "--scene bag needs --state" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--scene", "bag", "--state", str(tmp_path / "none.npz")])
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--scene", "bag", "--state", BAG_STATE, "--window", "0"])
+    assert "--window must be ≥ 1" in capsys.readouterr().err
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros((3, 3)))
+    assert main(["fit", "--scene", "bag", "--state", str(bad), "--quiet", "--out", str(tmp_path / "o")]) == 1
+    assert "not an `ipcjax bag` state file: missing v, t, step, resolution" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_fit_bag_window_recovers_youngs_modulus(tmp_path):
+    """Synthetic targets from the reference window; E from 2× off on the coarse bag."""
+    out = tmp_path / "fitbag"
+    assert main(["fit", "--scene", "bag", "--state", BAG_STATE, "--window", "4", "--param", "youngs_modulus",
+                 "--iterations", "8", "--quiet", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["scene"] == "bag" and s["resolution"] == "coarse" and s["window"]["steps"] == 4
+    assert s["window"]["phases"] == ["tie"]
+    J = np.asarray(s["jacobian_mm_per_log"]["J"])
+    assert np.all(np.abs(J[:, 0]) > 0), "neck and flap respond to E"
+    (f,) = s["fits"]
+    assert f["relative_error"]["youngs_modulus"] < 0.01, f
