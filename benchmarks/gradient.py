@@ -1,11 +1,17 @@
 """Gradient cost and accuracy of the implicit VJP, measured side by side in one run.
 
     python3 benchmarks/gradient.py [--n 6] [--steps 10] [--repeat 5] [--memory-steps 2,4,8,16]
+    python3 benchmarks/gradient.py --bag-state runs/bag/state.npz [--steps 4] [--repeat 3]
 
 Scene: an n×n film draped with friction on a fixed sphere (contact throughout). Prints
 JSON with the forward rollout time, the forward+backward time and their ratio, for the
 exact and the projected backward Hessian, and the relative difference between the two
 gradients (the error the projected Hessian causes).
+
+With ``--bag-state`` the scene is instead a window of --steps steps of the bag from a saved
+``ipcjax bag`` state (``fitting.bag.bag_window``, the same rollout ``ipcjax fit --scene bag``
+differentiates): forward and forward+backward of a scalar loss on the final frame, exact
+Hessian only (no memory figures).
 
 Memory against rollout length: XLA's own buffer assignment for the compiled forward and
 forward+backward programs (``compiled.memory_analysis()``: temporaries + arguments +
@@ -59,6 +65,34 @@ def memory_against_length(m, cfg, cap, x0, v0, W, p0, lengths):
                 one_dense_hessian_bytes=dofs * dofs * 8, free_dofs=dofs)
 
 
+def bag_window_ratio(args):
+    """Forward vs forward+backward of the bag window rollout (exact Hessian)."""
+    import dataclasses
+
+    from fitting.bag import bag_window
+
+    w = bag_window(args.bag_state, args.steps)
+    sc = w["scene"]
+    m = sc["model"]
+    cfg = dataclasses.replace(sc["config"], max_newton=600)
+    roll = make_rollout(m, cfg, w["capacity"], round_fp32=False)
+    x0, v0 = jnp.asarray(w["x0"]), jnp.asarray(w["v0"])
+    W = jnp.asarray(np.random.default_rng(0).normal(size=x0.shape))
+    loss = lambda p: jnp.sum(W * roll(p, x0, v0, w["controls"], w["dt"])[0][-1])
+    fwd = jax.jit(loss)
+    both = jax.jit(jax.value_and_grad(loss))
+    p0 = w["params"]
+    t_f = median_time(lambda: fwd(p0), args.repeat)
+    t_b = median_time(lambda: both(p0), args.repeat)
+    g = both(p0)[1]
+    out = dict(scene="bag window", resolution=sc["resolution"], particles=m.n_particles, free_dofs=3 * int(m.n_free),
+               steps=args.steps, t0_s=w["t0"], phases=w["phases"],
+               exact=dict(forward_s=t_f, forward_backward_s=t_b, ratio=t_b / t_f),
+               gradient={n: float(getattr(g, n)) for n in ("youngs_modulus", "friction", "bending_scale")})
+    print(json.dumps(out, indent=2))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=6)
@@ -66,7 +100,10 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--memory-steps", default="2,4,8,16",
                     help="comma-separated rollout lengths for the memory figures ('' to skip)")
+    ap.add_argument("--bag-state", default=None, help="time a bag window from this `ipcjax bag` state instead")
     args = ap.parse_args(argv)
+    if args.bag_state:
+        return bag_window_ratio(args)
     sc = drape_scene(n=args.n, size=0.03, sphere_radius=0.02, gap=4e-4)
     m, cfg = sc["model"], Config()
     cap = C.initial_capacity(m.topology)
