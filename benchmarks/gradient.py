@@ -67,15 +67,12 @@ def memory_against_length(m, cfg, cap, x0, v0, W, p0, lengths):
 
 def bag_window_ratio(args):
     """Forward vs forward+backward of the bag window rollout (exact Hessian)."""
-    import dataclasses
-
     from fitting.bag import bag_window
 
     w = bag_window(args.bag_state, args.steps)
     sc = w["scene"]
     m = sc["model"]
-    cfg = dataclasses.replace(sc["config"], max_newton=600)
-    roll = make_rollout(m, cfg, w["capacity"], round_fp32=False)
+    roll = make_rollout(m, w["rollout_config"], w["capacity"], round_fp32=False)
     x0, v0 = jnp.asarray(w["x0"]), jnp.asarray(w["v0"])
     W = jnp.asarray(np.random.default_rng(0).normal(size=x0.shape))
     loss = lambda p: jnp.sum(W * roll(p, x0, v0, w["controls"], w["dt"])[0][-1])

@@ -12,16 +12,22 @@ step's controls; the differentiable rollout then replays those controls for ever
 parameter set. So the supports, tie lengths and tolerances are those of the reference
 run and carry no gradient (a hand that holds the film where the reference film was);
 the film, spheres and contacts respond to the parameters. The reference run also gives
-the candidate capacity the rollout is compiled with, and its final measurements serve as
-synthetic targets when none are given.
+the candidate capacity the rollout is compiled with. A rollout cannot subdivide a step as
+the host driver does, so its config allows ``ROLLOUT_MAX_NEWTON`` Newton iterations per
+step (the run's 150 is too few for some trial parameters) before a step counts as failed.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from ipcjax.candidates import Capacity, GridCapacity
 from ipcjax.implicit import stack_controls
 from ipcjax.step import advance, make_state
+
+
+ROLLOUT_MAX_NEWTON = 600
 
 
 class WindowFailed(RuntimeError):
@@ -64,7 +70,8 @@ def bag_window(state_path: str, steps: int, params=None):
     Returns:
       dict with scene (from ``bag_scene``), params, x0, v0 (FP64 (N, 3)), controls (time-indexed
       :class:`Controls`), dt, capacity (covering every step of the reference run),
-      t0, t1, step0, phases (phase names in the window), reference_x (final positions).
+      rollout_config (the scene's config with ``ROLLOUT_MAX_NEWTON``), t0, t1, step0 and
+      phases (phase names in the window).
 
     Raises:
       ValueError: bad ``steps`` or state file. WindowFailed: the reference run failed.
@@ -100,5 +107,5 @@ def bag_window(state_path: str, steps: int, params=None):
             phases.append(ph)
     capacity = with_headroom(capacity)
     return dict(scene=sc, params=params, x0=x0, v0=v0, controls=stack_controls(controls), dt=dt,
-                capacity=capacity, t0=float(rs["t"]), t1=float(state.t), step0=k0, phases=phases,
-                reference_x=np.asarray(state.x, np.float64))
+                capacity=capacity, rollout_config=dataclasses.replace(config, max_newton=ROLLOUT_MAX_NEWTON),
+                t0=float(rs["t"]), t1=float(state.t), step0=k0, phases=phases)

@@ -6,7 +6,6 @@ The CLI is the application layer: it is the one place in ``ipcjax`` that imports
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -246,7 +245,6 @@ def _bag_outputs(args, sc, film, sph, times, audit, phases):
 
 
 POUCH_PARAMS = ("youngs_modulus", "friction", "bending_scale")
-BAG_FIT_MAX_NEWTON = 600
 
 
 def _pouch_targets(args, ap):
@@ -320,10 +318,7 @@ def _fit_bag(args, ap):
         print(f"fit: {e}", file=sys.stderr)
         return 1
     sc = w["scene"]
-    # the rollout cannot subdivide a step as the host driver does, so a trial parameter set
-    # gets more Newton iterations per step than the run's 150 before it counts as failed
-    config = dataclasses.replace(sc["config"], max_newton=BAG_FIT_MAX_NEWTON)
-    roll = make_rollout(sc["model"], config, w["capacity"], round_fp32=False)
+    roll = make_rollout(sc["model"], w["rollout_config"], w["capacity"], round_fp32=False)
     x0, v0, ctl, dt = jnp.asarray(w["x0"]), jnp.asarray(w["v0"]), w["controls"], w["dt"]
     neck, rim = jnp.asarray(sc["neck"]), jnp.asarray(sc["rim"])
 

@@ -84,18 +84,25 @@ def _distance(X, kind):
     return np.asarray(_min_path_distance(X, np.zeros_like(X), np.full(n, kind, np.int32), np.zeros(n)))
 
 
-@pytest.mark.parametrize("kind", list(K))
-def test_random_motion_never_reaches_offset(kind):
-    rng = np.random.default_rng(int(kind))
+def _random_motions(seed, kind):
+    """BATCH separated stencils of one kind with offsets below their distance and
+    displacements from a tenth to ten times the distance, in random directions.
+    Returns (X, dX, d, offset, kinds)."""
+    rng = np.random.default_rng(seed)
     n = BATCH
-    X, scale = _contacts(rng, n, kind)
+    X, _ = _contacts(rng, n, kind)
     d = _distance(X, kind)
     offset = d * rng.uniform(0.0, 0.9, size=n)
-    # displacements from a tenth to ten times the distance, in random directions
     dX = rng.normal(size=X.shape) * d[:, None, None] * 10.0 ** rng.uniform(-1, 1, size=(n, 1, 1))
     if kind == K.SS:
         dX[:, 2] = dX[:, 3] = dX[:, 1]
-    kinds = np.full(n, kind, np.int32)
+    return X, dX, d, offset, np.full(n, kind, np.int32)
+
+
+@pytest.mark.parametrize("kind", list(K))
+def test_random_motion_never_reaches_offset(kind):
+    X, dX, d, offset, kinds = _random_motions(int(kind), kind)
+    n = len(X)
     alpha = np.asarray(_step(X, dX, offset, kinds))
     assert np.all((alpha >= 0.0) & (alpha <= 1.0))
     assert np.sum(alpha < 1.0) >= n // 4, "the bound is active in a good share of the samples"
@@ -236,15 +243,8 @@ _advance = _padded(jax.jit(jax.vmap(
 def test_advancement_is_safe_and_never_below_the_single_bound(kind):
     """Random motions: more passes never shrink α, one pass is the single bound, and the
     path up to the advanced α keeps the distance above the offset (dense sampling)."""
-    rng = np.random.default_rng(40 + int(kind))
-    n = BATCH
-    X, _ = _contacts(rng, n, kind)
-    d = _distance(X, kind)
-    offset = d * rng.uniform(0.0, 0.9, size=n)
-    dX = rng.normal(size=X.shape) * d[:, None, None] * 10.0 ** rng.uniform(-1, 1, size=(n, 1, 1))
-    if kind == K.SS:
-        dX[:, 2] = dX[:, 3] = dX[:, 1]
-    kinds = np.full(n, kind, np.int32)
+    X, dX, d, offset, kinds = _random_motions(40 + int(kind), kind)
+    n = len(X)
     single = np.asarray(_step(X, dX, offset, kinds))
     one = np.asarray(_advance(X, dX, offset, kinds, np.ones(n, np.int32)))
     many = np.asarray(_advance(X, dX, offset, kinds, np.full(n, PASSES, np.int32)))
