@@ -45,7 +45,8 @@ def with_headroom(capacity: Capacity, factor: float = 1.25) -> Capacity:
     grids = [None if gc is None else GridCapacity(*(g(v) for v in gc))
              for gc in (capacity.face_grid, capacity.edge_grid)]
     return capacity._replace(vt=g(capacity.vt), ee=g(capacity.ee), sf=g(capacity.sf),
-                             face_grid=grids[0], edge_grid=grids[1])
+                             face_grid=grids[0], edge_grid=grids[1],
+                             active=None if capacity.active is None else g(capacity.active))
 
 
 def load_state(path: str):

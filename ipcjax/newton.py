@@ -31,8 +31,8 @@ from ipcjax import candidates as _cand
 from ipcjax import ccd as _ccd
 from ipcjax.model import Config, Controls, Model, Params
 from ipcjax.potential import (
-    ContactSet, HessianBlocks, StepContext, gather_stencils, gradient_and_blocks, gradient_and_hessian,
-    hessian_block_diagonal, hessian_matvec, incremental_potential, stencil_offsets, stencil_weights,
+    ContactSet, HessianBlocks, StencilGeometry, StepContext, dense_hessian, gradient_and_blocks,
+    hessian_block_diagonal, hessian_matvec, incremental_potential, stencil_geometry, stencil_weights,
 )
 from ipcjax.result import StepCode
 
@@ -45,15 +45,26 @@ class CandidateStats(NamedTuple):
     n_sf: jnp.ndarray
     overflow: jnp.ndarray
     work: jnp.ndarray  # (2, 3) intermediate grid-buffer entries needed (see candidates.Candidates)
+    n_active: jnp.ndarray  # active contact rows the Hessian assembly needed (Capacity.active)
 
     @staticmethod
     def of(c) -> "CandidateStats":
-        return CandidateStats(c.n_vt, c.n_ee, c.n_sf, c.overflow, c.work)
+        return CandidateStats(c.n_vt, c.n_ee, c.n_sf, c.overflow, c.work, jnp.int32(0))
 
     def merge(self, other: "CandidateStats") -> "CandidateStats":
         return CandidateStats(jnp.maximum(self.n_vt, other.n_vt), jnp.maximum(self.n_ee, other.n_ee),
                               jnp.maximum(self.n_sf, other.n_sf), self.overflow | other.overflow,
-                              jnp.maximum(self.work, other.work))
+                              jnp.maximum(self.work, other.work), jnp.maximum(self.n_active, other.n_active))
+
+    def with_active(self, n_active, size) -> "CandidateStats":
+        """Record an assembly's active-row count; above ``size`` (not None) it is an overflow."""
+        over = jnp.bool_(False) if size is None else n_active > size
+        return self._replace(n_active=jnp.maximum(self.n_active, n_active), overflow=self.overflow | over)
+
+
+def active_size(capacity):
+    """``Capacity.active`` (static), or None for capacities without one."""
+    return getattr(capacity, "active", None)
 
 
 def query_contacts(x_start, x_end, model: Model, config: Config, capacity, skin=0.0):
@@ -75,7 +86,8 @@ def newton_direction(g, H):
     cf = jsl.cho_factor(A, lower=True)
     z = jsl.cho_solve(cf, -D * g)
     dx = D * z
-    ok = jnp.all(jnp.isfinite(cf[0])) & jnp.all(jnp.isfinite(dx))
+    # a failed factorization (H not positive definite) comes back as NaNs, which reach dx
+    ok = jnp.all(jnp.isfinite(dx))
     return jnp.where(ok, dx, 0.0), ok
 
 
@@ -139,15 +151,17 @@ def cg_direction(g, hb: HessianBlocks, config: Config):
 
 
 def solve_direction(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
-                    contacts: ContactSet, config: Config):
-    """∇Φ, the Newton direction over the free DOFs and its success flag, by ``config.linear_solver``."""
+                    contacts: ContactSet, config: Config, geometry: StencilGeometry | None = None,
+                    active: int | None = None):
+    """∇Φ, the Newton direction over the free DOFs, its success flag and the assembly's
+    active-row count, by ``config.linear_solver`` (``active``: see :func:`gradient_and_blocks`)."""
+    g, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config, geometry=geometry,
+                                active=active)
     if config.linear_solver == "cg":
-        g, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config)
         dx, ok, _ = cg_direction(g, hb, config)
     else:
-        g, H = gradient_and_hessian(x, model, params, controls, ctx, contacts, config)
-        dx, ok = newton_direction(g, H)
-    return g, dx, ok
+        dx, ok = newton_direction(g, dense_hessian(hb))
+    return g, dx, ok, hb.n_active
 
 
 # stencils re-bounded by conservative advancement per Newton iteration (the smallest
@@ -155,19 +169,20 @@ def solve_direction(x, model: Model, params: Params, controls: Controls, ctx: St
 ADVANCE_STENCILS = 64
 
 
-def step_bound(x, dx, contacts: ContactSet, radius, config: Config):
+def step_bound(x, dx, contacts: ContactSet, radius, config: Config, geometry: StencilGeometry | None = None):
     """Largest first trial α ∈ [0, 1] keeping every candidate's gap positive along x + αΔx.
 
     Every stencil's single bound (:func:`ipcjax.ccd.stencil_max_step`: 90% of g/approach
     along the current separating normal when that is ≤ 1, spec §4); the ``ADVANCE_STENCILS``
     smallest are then re-bounded by conservative advancement
     (:func:`ipcjax.ccd.stencil_advance`, up to ``config.ccd_passes`` passes), and the
-    result is the minimum of those and the next-smallest single bound.
+    result is the minimum of those and the next-smallest single bound. ``geometry``: the
+    stencils at x (:func:`ipcjax.potential.stencil_geometry`) when the caller has them.
     """
-    X = gather_stencils(x, contacts)
+    if geometry is None:
+        geometry = stencil_geometry(x, contacts, radius, config.min_gap)
+    X, w, off = geometry
     dX = dx[contacts.idx]
-    w = jax.vmap(stencil_weights)(X, contacts.kind)
-    off = stencil_offsets(contacts, radius, config.min_gap)
     single = jax.vmap(_ccd.stencil_max_step)(X, dX, w, off, contacts.kind)
     single = jnp.where(contacts.valid, single, 1.0)
     n = single.shape[0]
@@ -197,26 +212,27 @@ def armijo(phi, x, dx, phi0, slope, alpha0, config: Config):
     becomes a coin toss. In that regime — predicted decrease below 1e-9·|Φ(x)| — a
     trial is also accepted when the directional derivative ∇Φ(x+αΔx)·Δx is still
     negative: the energy is still decreasing along Δx at the trial point. Returns
-    (α, trials, accepted).
+    (α, trials, accepted, Φ(x+αΔx)) — the last is Φ at the accepted trial (at the last
+    rejected one when none was accepted).
     """
     noise = 1e-9 * jnp.abs(phi0)
 
     def cond(c):
-        a, k, ok = c
+        a, k, ok, _ = c
         return (~ok) & (k < config.max_line_search)
 
     def body(c):
-        a, k, _ = c
+        a, k, _, _ = c
         z = x + a * dx
         val = phi(z)
         ok = jnp.isfinite(val) & (val <= phi0 + config.armijo * a * slope)
         tiny = jnp.isfinite(val) & (a * jnp.abs(slope) < noise)
         descending = jax.lax.cond(tiny & ~ok, lambda: jax.jvp(phi, (z,), (dx,))[1] < 0.0, lambda: False)
         ok = ok | (tiny & descending)
-        return jnp.where(ok, a, 0.5 * a), k + 1, ok
+        return jnp.where(ok, a, 0.5 * a), k + 1, ok, val
 
-    a, k, ok = jax.lax.while_loop(cond, body, (alpha0, jnp.int32(0), jnp.bool_(False)))
-    return a, k, ok
+    a, k, ok, val = jax.lax.while_loop(cond, body, (alpha0, jnp.int32(0), jnp.bool_(False), phi0))
+    return a, k, ok, val
 
 
 class SolveInfo(NamedTuple):
@@ -241,17 +257,29 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
         return jnp.zeros_like(x_init).at[fp].set(v.reshape(F, 3))
 
     half_skin = 0.5 * config.skin
+    radius, min_gap = model.radius, config.min_gap
+    active = active_size(capacity)
+
+    def potential(contacts):
+        return lambda z: incremental_potential(z, model, params, controls, ctx, contacts, config)
 
     def cond(c):
-        x, cs, st, it, done, code, lst, amin, step, box = c
+        x, cs, st, it, done, code, lst, amin, step, box, phi_x = c
         return (~done) & (code == 0) & (it < config.max_newton)
 
     def body(c):
-        x, cs, st, it, done, code, lst, amin, _, box = c
-        g, dxf, fact_ok = solve_direction(x, model, params, controls, ctx, cs, config)
+        # phi_x = Φ(x), carried from the line search that accepted x: Φ does not depend on
+        # which complete candidate set evaluates it, since stencils beyond d̂ add exactly 0
+        x, cs, st, it, done, code, lst, amin, _, box, phi_x = c
+        geom = stencil_geometry(x, cs, radius, min_gap)
+        g, dxf, fact_ok, n_active = solve_direction(x, model, params, controls, ctx, cs, config, geom, active)
+        # more active contact rows than Capacity.active: the direction misses some; stop
+        # with the overflow (the host grows the capacity and redoes the step)
+        st = st.with_active(n_active, active)
+        over = st.overflow
         dx = to_full(dxf)
         step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
-        converged = fact_ok & (step_norm < controls.tolerance)
+        converged = fact_ok & ~over & (step_norm < controls.tolerance)
 
         def move(_):
             lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
@@ -259,35 +287,35 @@ def newton_solve(x_init, model: Model, params: Params, controls: Controls, ctx: 
 
             def requery(_):
                 c2, s2 = query_contacts(x, x + dx, model, config, capacity, config.skin)
-                return c2, st.merge(s2), (lo, hi)
+                return c2, st.merge(s2), (lo, hi), stencil_geometry(x, c2, radius, min_gap)
 
-            cs2, st2, box2 = jax.lax.cond(inside, lambda _: (cs, st, box), requery, None)
-            a0 = step_bound(x, dx, cs2, model.radius, config)
-            phi = lambda z: incremental_potential(z, model, params, controls, ctx, cs2, config)
-            phi0 = phi(x)
+            cs2, st2, box2, geom2 = jax.lax.cond(inside, lambda _: (cs, st, box, geom), requery, None)
+            a0 = step_bound(x, dx, cs2, radius, config, geom2)
             slope = jnp.dot(g, dxf)
-            a, k, ok = armijo(phi, x, dx, phi0, slope, a0, config)
+            a, k, ok, phi_a = armijo(potential(cs2), x, dx, phi_x, slope, a0, config)
             bad = (~ok) | (slope >= 0)
             code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
                               jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
                                         jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
             x2 = jnp.where(code2 == 0, x + a * dx, x)
-            return x2, cs2, st2, k, a0, code2, box2
+            return x2, cs2, st2, k, a0, code2, box2, jnp.where(code2 == 0, phi_a, phi_x)
 
         def stay(_):
-            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), box
+            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), box, phi_x
 
         # The last, sub-tolerance direction is still taken (when the line search accepts it),
         # so that motion slower than tolerance/dt is not quantised away; a rejected final
         # step just leaves x where it is.
-        x2, cs2, st2, k, a0, code2, box2 = jax.lax.cond(fact_ok, move, stay, None)
+        x2, cs2, st2, k, a0, code2, box2, phi2 = jax.lax.cond(fact_ok & ~over, move, stay, None)
         code2 = jnp.where(converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
-        code2 = code2 | jnp.where(fact_ok, 0, int(StepCode.FACTORIZATION_FAILED)).astype(jnp.int32)
+        code2 = code2 | jnp.where(fact_ok | over, 0, int(StepCode.FACTORIZATION_FAILED)).astype(jnp.int32)
+        code2 = code2 | jnp.where(over, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
         code2 = code2 | jnp.where(jnp.all(jnp.isfinite(x2)), 0, int(StepCode.NON_FINITE)).astype(jnp.int32)
-        return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm, box2)
+        return (x2, cs2, st2, it + 1, converged, code2, lst + k, jnp.minimum(amin, a0), step_norm, box2, phi2)
 
     init = (x_init, contacts, stats, jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.int32(0),
-            jnp.asarray(1.0, x_init.dtype), jnp.asarray(jnp.inf, x_init.dtype), (x_init, x_init))
-    x, cs, st, it, done, code, lst, amin, step, _ = jax.lax.while_loop(cond, body, init)
+            jnp.asarray(1.0, x_init.dtype), jnp.asarray(jnp.inf, x_init.dtype), (x_init, x_init),
+            potential(contacts)(x_init))
+    x, cs, st, it, done, code, lst, amin, step, _, _ = jax.lax.while_loop(cond, body, init)
     code = code | jnp.where(done | (code != 0), 0, int(StepCode.ITERATION_CAP)).astype(jnp.int32)
     return x, cs, SolveInfo(code, it, lst, amin, step, st)

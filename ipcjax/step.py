@@ -22,7 +22,7 @@ import numpy as np
 from ipcjax import candidates as _cand
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State
-from ipcjax.newton import newton_solve, query_contacts
+from ipcjax.newton import active_size, newton_solve, query_contacts
 from ipcjax.potential import StepContext, contact_gaps, friction_set
 from ipcjax.result import RETRYABLE, StepCode
 
@@ -40,15 +40,19 @@ class StepInfo(NamedTuple):
     n_sf: jnp.ndarray
     overflow: jnp.ndarray
     work: jnp.ndarray
+    n_active: jnp.ndarray         # active contact rows the Hessian needed (Capacity.active)
 
 
-def step_context(model: Model, params: Params, x0, v0, controls: Controls, dt, contacts0, config: Config):
+def step_context(model: Model, params: Params, x0, v0, controls: Controls, dt, contacts0, config: Config,
+                 active: int | None = None):
     """Inertial target (with the film drag −drag·m·v₀ as an external force) and the lagged
-    friction set frozen at x₀ over the given step-start contacts."""
+    friction set frozen at x₀ over the given step-start contacts (compacted into
+    ``active`` rows when that is given, see :func:`ipcjax.potential.friction_set`)."""
     free = ~model.fixed
     force = controls.force - (params.drag * model.mass)[:, None] * v0 * model.film[:, None]
     y = inertial_target(x0, v0, model.mass, free, params.gravity, force, dt)
-    return StepContext(x0=x0, y=y, dt=dt, friction=friction_set(x0, contacts0, model.radius, params, config))
+    return StepContext(x0=x0, y=y, dt=dt,
+                       friction=friction_set(x0, contacts0, model.radius, params, config, active))
 
 
 def solve_positions(model: Model, params: Params, x0, v0, controls: Controls, dt, config: Config, capacity):
@@ -60,7 +64,7 @@ def solve_positions(model: Model, params: Params, x0, v0, controls: Controls, dt
     contacts0, stats0 = query_contacts(x0, x0, model, config, capacity, config.skin)
     g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
     overlap = jnp.min(g0, initial=jnp.inf) <= 0
-    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
+    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config, active_size(capacity))
     x, cs, sinfo = newton_solve(x0, model, params, controls, ctx, contacts0, stats0, config, capacity)
     return x, cs, contacts0, sinfo, overlap
 
@@ -101,7 +105,7 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
         t=jnp.where(ok, state.t + dt, state.t),
     )
     info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
-                    stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work)
+                    stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active)
     return new_state, info
 
 
@@ -233,7 +237,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
             code = int(info.code)
             if code & StepCode.CAPACITY_OVERFLOW:
                 capacity = _cand.grow_capacity(capacity, int(info.n_vt), int(info.n_ee), int(info.n_sf),
-                                               np.asarray(info.work))
+                                               np.asarray(info.work), int(info.n_active))
                 acc["realloc"] += 1
                 continue
             break

@@ -341,5 +341,10 @@ def test_grow_capacity():
     work = np.array([[5, 20, 10], [10, 10, 100]])
     new = grow_capacity(cap, 4, 11, 10, work)
     assert new == Capacity(10, 11 * 3 // 2 + 64, 10, GridCapacity(10, 94, 10), GridCapacity(10, 10, 214))
+    # active contact rows grow like the buffers; None (no compaction) stays None
+    with_active = cap._replace(active=20)
+    assert grow_capacity(with_active, 0, 0, 0, np.zeros((2, 3)), n_active=20).active == 20
+    assert grow_capacity(with_active, 0, 0, 0, np.zeros((2, 3)), n_active=30).active == 30 * 3 // 2 + 64
+    assert grow_capacity(cap, 0, 0, 0, np.zeros((2, 3)), n_active=30).active is None
     with pytest.raises(ValueError, match="grid cells"):
         grow_capacity(cap, 0, 0, 0, np.array([[2**30, 0, 0], [0, 0, 0]]))

@@ -11,9 +11,10 @@ from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import cg_direction, newton_direction, query_contacts
 from ipcjax.potential import (
     StepContext, dense_hessian, friction_set, gradient_and_blocks, hessian_block_diagonal, hessian_matvec,
+    incremental_potential,
 )
 from ipcjax.result import StepCode
-from ipcjax.step import make_state, simulate, step
+from ipcjax.step import advance, make_state, simulate, step
 from scenes.film import drape_scene
 from tests.helpers import rel_err
 
@@ -109,3 +110,66 @@ def test_cg_drape_ends_where_the_dense_drape_does():
     _, info = step(m, p, make_state(fc[-1]), ctl, DT, config=Config(linear_solver="cg", cg_max_iterations=1),
                    capacity=reps[-1].capacity)
     assert int(info.code) & int(StepCode.FACTORIZATION_FAILED)
+
+
+# ---------------------------------------------------------------- active-row compaction
+
+@pytest.fixture(scope="module")
+def active_system():
+    """The 9×9 film 0.4 mm above the sphere (inside d̂ near its top, the rest of the
+    candidate rows farther out), perturbed: model, params, state x, step start x₀, contacts."""
+    n = 9
+    sc = drape_scene(n=n, size=0.04, sphere_radius=0.02, gap=0.4e-3, floor=True)
+    m = sc["model"]
+    rng = np.random.default_rng(4)
+    x0 = jnp.asarray(sc["x"])
+    x = x0.at[:n * n].add(jnp.asarray(rng.normal(size=(n * n, 3)) * 5e-5))
+    cs, stats = query_contacts(x0, x, m, Config(), C.Capacity(4 * n * n, 16 * n * n, 4 * n * n), skin=1.5e-3)
+    assert not bool(stats.overflow)
+    return sc, m, Params.film_defaults(), x, x0, cs
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_compacted_assembly_equals_the_full_one(active_system, exact):
+    """Assembling only the stencils inside d̂ (Capacity.active) gives the same ∇Φ and H as
+    assembling every candidate row, with the friction set compacted too."""
+    sc, m, p, x, x0, cs = active_system
+    ctl = Controls.empty(m.n_particles)
+    M = cs.idx.shape[0]
+    fs_full = friction_set(x0, cs, m.radius, p, Config())
+    n_fric = int(fs_full.count)
+    K = 48
+    fs_comp = friction_set(x0, cs, m.radius, p, Config(), active=K)
+    assert 0 < n_fric <= K < M and fs_comp.idx.shape[0] == K and int(fs_comp.count) == n_fric
+    out = {}
+    for name, fs, active in (("full", fs_full, None), ("compact", fs_comp, K)):
+        ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT), friction=fs)
+        g, hb = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, Config(), exact, active=active))(x)
+        phi = incremental_potential(x, m, p, ctl, ctx, cs, Config())
+        out[name] = (np.asarray(g), np.asarray(dense_hessian(hb)), float(phi), int(hb.n_active))
+    (g_f, H_f, phi_f, _), (g_c, H_c, phi_c, n_act) = out["full"], out["compact"]
+    print(f"{M} candidate rows, {n_act} active, {n_fric} with friction")
+    assert n_fric <= n_act <= K
+    assert np.abs(g_f).max() > 0 and rel_err(g_c, g_f) < 1e-12
+    assert rel_err(H_c, H_f) < 1e-12 and phi_c == pytest.approx(phi_f, rel=1e-14)
+
+
+def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
+    """A step whose contacts need more active rows than Capacity.active stops with
+    CAPACITY_OVERFLOW, leaves the state alone, and the host driver grows the rows."""
+    sc, m, p, _, x0, _ = active_system
+    ctl = Controls.empty(m.n_particles, tolerance=1e-6)
+    st = make_state(x0)
+    cap = C.initial_capacity(m.topology)._replace(active=2)
+    new, info = step(m, p, st, ctl, DT, config=Config(), capacity=cap)
+    assert int(info.code) & int(StepCode.CAPACITY_OVERFLOW)
+    assert not int(info.code) & int(StepCode.FACTORIZATION_FAILED)
+    assert int(info.n_active) > 2
+    np.testing.assert_array_equal(np.asarray(new.x), np.asarray(st.x))
+    out, rep = advance(m, p, st, ctl, DT, Config(), cap, validate=False)
+    assert rep.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
+    # and the grown, compacted step lands where an uncompacted one does
+    ref, rep_ref = advance(m, p, st, ctl, DT, Config(), cap._replace(active=None), validate=False)
+    assert rep_ref.ok
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
