@@ -19,8 +19,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# per script: its short arguments, or {result name: arguments} for several runs of it
 SHORT = {
-    "step.py": ["--steps", "5", "--repeat", "3"],
+    "step.py": {"step": ["--steps", "5", "--repeat", "3"],
+                "step_bag": ["--bag-state", "tests/data/bag_full_8p50.npz", "--repeat", "5"]},
     "gradient.py": ["--steps", "4", "--repeat", "2"],
     "compile.py": ["--resolution", "coarse", "--steps", "2"],
     "scale.py": ["--sizes", "500,2000", "--dense-max", "2100", "--repeat", "1"],
@@ -48,9 +50,17 @@ def main(argv=None):
     if args.only:
         keep = {s + ".py" for s in args.only.split(",")}
         scripts = [s for s in scripts if s in keep]
-    results = {}
+    runs = []
     for s in scripts:
-        cmd = [sys.executable, os.path.join(HERE, s)] + ([] if args.full else SHORT[s])
+        settings = SHORT[s] if isinstance(SHORT[s], dict) else {s[:-3]: SHORT[s]}
+        for name, short in settings.items():
+            if args.full:  # the script's own defaults; a run on a saved state keeps that state
+                i = short.index("--bag-state") if "--bag-state" in short else None
+                short = [] if i is None else short[i:i + 2]
+            runs.append((s, name, short))
+    results = {}
+    for s, name, extra in runs:
+        cmd = [sys.executable, os.path.join(HERE, s)] + extra
         print("running", " ".join(cmd[1:]), file=sys.stderr, flush=True)
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -60,7 +70,7 @@ def main(argv=None):
             entry["result"] = _json_of(r.stdout)
         else:
             entry["stderr_tail"] = r.stderr.strip().splitlines()[-5:]
-        results[s[:-3]] = entry
+        results[name] = entry
         print(f"  {s}: rc {r.returncode}, {entry['wall_s']:.0f} s", file=sys.stderr, flush=True)
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)

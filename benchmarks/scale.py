@@ -44,7 +44,7 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     from ipcjax import candidates as C
     from ipcjax.model import Config, Controls, Params
     from ipcjax.newton import armijo, cg_direction, newton_direction, query_contacts, step_bound
-    from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential
+    from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential, stencil_geometry
     from ipcjax.step import step_context
     from scenes.film import drape_scene
 
@@ -58,9 +58,15 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     x = jnp.asarray(sc["x"])
     _, cap = C.find_candidates_host(x, x, m.topology, cfg.dhat + cfg.skin, cfg.min_gap)
     cs, _ = query_contacts(x, x, m, cfg, cap, cfg.skin)
-    ctx = jax.jit(lambda x: step_context(m, p, x, jnp.zeros_like(x), ctl, dt, cs, cfg))(x)
+    ctx = jax.jit(lambda x: step_context(m, p, x, jnp.zeros_like(x), ctl, dt, cs, cfg, cap.active))(x)
+    geometry = jax.jit(lambda x: stencil_geometry(x, cs, m.radius, cfg.min_gap))
+    geom = geometry(x)
 
-    blocks = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, cfg))
+    # as in the Newton loop: the stencils' weights once per iterate, shared by the
+    # assembly (over the Capacity.active rows inside d̂) and the step bound
+    blocks = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, cfg, geometry=geometry(x),
+                                                   active=cap.active))
+    assert int(blocks(x)[1].n_active) <= cap.active, "active-row overflow"
     if path == "dense":
         assemble = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb)))(*blocks(x)))
         direction = jax.jit(lambda g, H: newton_direction(g, H) + (jnp.int32(0),))
@@ -75,17 +81,20 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     c2, st2 = cand(x, dx)
     assert not bool(st2.overflow), "candidate overflow"
 
+    phi = lambda z: incremental_potential(z, m, p, ctl, ctx, cs, cfg)
+    phi_x = jax.jit(phi)(x)
+
     @jax.jit
-    def line_search(x, dx, g, dxf):
-        a0 = step_bound(x, dx, cs, m.radius, cfg)
-        phi = lambda z: incremental_potential(z, m, p, ctl, ctx, cs, cfg)
-        return armijo(phi, x, dx, phi(x), jnp.dot(g, dxf), a0, cfg)
+    def line_search(x, dx, g, dxf, geom, phi_x):
+        # Φ(x) is carried from the previous iteration's line search in the Newton loop
+        a0 = step_bound(x, dx, cs, m.radius, cfg, geom)
+        return armijo(phi, x, dx, phi_x, jnp.dot(g, dxf), a0, cfg)[:3]
 
     t = dict(
         assembly=median_time(lambda: assemble(x), repeat),
         direction=median_time(lambda: direction(g, A), repeat),
         candidates=median_time(lambda: cand(x, dx), repeat),
-        line_search=median_time(lambda: line_search(x, dx, g, dxf), repeat),
+        line_search=median_time(lambda: line_search(x, dx, g, dxf, geom, phi_x), repeat),
     )
     t["iteration"] = sum(t.values())
     if path == "dense":
@@ -95,6 +104,7 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     return dict(
         n=n, vertices=n * n, particles=m.n_particles, free_dofs=int(g.shape[0]), path=path,
         contacts=n_cand, friction_active=int(jnp.sum(ctx.friction.load > 0)), cg_iterations=int(cg_iters),
+        active_rows=int(blocks(x)[1].n_active), active_capacity=cap.active,
         seconds=t, max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         wall_s=time.perf_counter() - t_start,
     )
