@@ -75,7 +75,8 @@ def query_contacts(x_start, x_end, model: Model, config: Config, capacity, skin=
     """
     c = _cand.find_candidates(x_start, x_end, model.topology, config.dhat + skin, config.min_gap, capacity)
     idx, kind, valid = _cand.stencils(c, model.topology)
-    return ContactSet(idx, kind, valid), CandidateStats.of(c)
+    blocks = (c.vt.shape[0], c.ee.shape[0], c.sf.shape[0], c.ss.shape[0])  # stencils' row order
+    return ContactSet(idx, kind, valid, blocks), CandidateStats.of(c)
 
 
 def newton_direction(g, H):

@@ -31,12 +31,37 @@ from ipcjax.energies import membrane as _memb
 from ipcjax.model import Config, Controls, Model, Params
 
 
-class ContactSet(NamedTuple):
-    """Barrier stencils: four particle indices, a :class:`ContactKind`, a validity mask."""
+@jax.tree_util.register_pytree_node_class
+class ContactSet:
+    """Barrier stencils: four particle indices, a :class:`ContactKind`, a validity mask.
 
-    idx: jnp.ndarray    # (M, 4) int32
-    kind: jnp.ndarray   # (M,) int8
-    valid: jnp.ndarray  # (M,) bool
+    ``blocks`` (static, part of the pytree's structure): the row counts (VT, EE, SF, SS)
+    when the rows come in that block order, as :func:`ipcjax.candidates.stencils` builds
+    them; the closest-point weights are then computed per block with only that kind's
+    formula (:func:`contact_weights`). None: rows of any kind in any order.
+    Unpacks as ``idx, kind, valid``.
+    """
+
+    __slots__ = ("idx", "kind", "valid", "blocks")
+
+    def __init__(self, idx, kind, valid, blocks=None):
+        self.idx = idx      # (M, 4) int32
+        self.kind = kind    # (M,) int8
+        self.valid = valid  # (M,) bool
+        self.blocks = None if blocks is None else tuple(int(b) for b in blocks)
+
+    def __iter__(self):
+        return iter((self.idx, self.kind, self.valid))
+
+    def tree_flatten(self):
+        return (self.idx, self.kind, self.valid), self.blocks
+
+    @classmethod
+    def tree_unflatten(cls, blocks, children):
+        obj = object.__new__(cls)
+        obj.idx, obj.kind, obj.valid = children
+        obj.blocks = blocks
+        return obj
 
 
 class FrictionSet(NamedTuple):
@@ -79,6 +104,23 @@ def stencil_weights(X, kind):
     return jnp.where(kind == ContactKind.EE, w_ee, jnp.where(kind == ContactKind.SS, w_ss, w_pt))
 
 
+def contact_weights(X, contacts: ContactSet):
+    """Closest-point weights (M, 4) of every stencil of a contact set at positions X (M, 4, 3).
+
+    With ``contacts.blocks`` each block gets only its own kind's formula (point–triangle
+    for VT and SF, edge–edge for EE, constant for SS) — a third of the work of
+    evaluating every formula on every row and selecting by kind, which is the fallback.
+    """
+    if contacts.blocks is None or sum(contacts.blocks) != X.shape[0]:
+        return jax.vmap(stencil_weights)(X, contacts.kind)
+    n_vt, n_ee, n_sf, n_ss = contacts.blocks
+    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    a, b, c = n_vt, n_vt + n_ee, n_vt + n_ee + n_sf
+    ss = jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (n_ss, 4))
+    return jnp.concatenate([pt(X[:a]), ee(X[a:b]), pt(X[b:c]), ss], axis=0)
+
+
 def stencil_offsets(contacts: ContactSet, radius, min_gap):
     """Offset c subtracted from each stencil's distance (spec §4), in m.
 
@@ -108,8 +150,7 @@ def stencil_geometry(x, contacts: ContactSet, radius, min_gap) -> StencilGeometr
     :func:`gradient_and_blocks` and the step bound.
     """
     X = gather_stencils(x, contacts)
-    w = jax.vmap(stencil_weights)(X, contacts.kind)
-    return StencilGeometry(X, w, stencil_offsets(contacts, radius, min_gap))
+    return StencilGeometry(X, contact_weights(X, contacts), stencil_offsets(contacts, radius, min_gap))
 
 
 def contact_gaps(x, contacts: ContactSet, radius, min_gap):
@@ -154,15 +195,10 @@ def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Confi
 
 
 def _barrier_terms(x, contacts, radius, params, config):
-    X = gather_stencils(x, contacts)
-    off = stencil_offsets(contacts, radius, config.min_gap)
-
-    def one(Xs, kind, c, valid):
-        d, _ = _dist.stencil_distance(Xs, stencil_weights(Xs, kind))
-        e = _bar.barrier(d - c, config.dhat, params.barrier_stiffness)
-        return jnp.where(valid, e, 0.0)
-
-    return jax.vmap(one)(X, contacts.kind, off, contacts.valid)
+    X, w, off = stencil_geometry(x, contacts, radius, config.min_gap)
+    d, _ = jax.vmap(_dist.stencil_distance)(X, w)
+    e = jax.vmap(lambda g: _bar.barrier(g, config.dhat, params.barrier_stiffness))(d - off)
+    return jnp.where(contacts.valid, e, 0.0)
 
 
 # --------------------------------------------------------------------------- coefficients

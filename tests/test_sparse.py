@@ -10,8 +10,8 @@ from ipcjax.implicit import hessian_solve
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import cg_direction, newton_direction, query_contacts
 from ipcjax.potential import (
-    StepContext, dense_hessian, friction_set, gradient_and_blocks, hessian_block_diagonal, hessian_matvec,
-    incremental_potential,
+    ContactSet, StepContext, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
+    hessian_block_diagonal, hessian_matvec, incremental_potential,
 )
 from ipcjax.result import StepCode
 from ipcjax.step import advance, make_state, simulate, step
@@ -173,3 +173,18 @@ def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
     assert rep_ref.ok
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
+
+
+def test_per_block_weights_equal_the_kind_selected_ones(active_system):
+    """Candidate sets carry their block sizes; weights computed block by block with one
+    formula each equal the every-formula-then-select fallback on the same rows."""
+    sc, m, p, x, x0, cs = active_system
+    assert cs.blocks is not None and sum(cs.blocks) == cs.idx.shape[0]
+    X = gather_stencils(x, cs)
+    fast = np.asarray(jax.jit(contact_weights)(X, cs))
+    generic = np.asarray(jax.jit(contact_weights)(X, ContactSet(cs.idx, cs.kind, cs.valid)))
+    valid = np.asarray(cs.valid)
+    kinds = set(np.asarray(cs.kind)[valid].tolist())
+    assert {int(C.ContactKind.VT), int(C.ContactKind.EE), int(C.ContactKind.SF)} <= kinds
+    np.testing.assert_allclose(fast, generic, rtol=0, atol=1e-14)
+    assert np.abs(fast[valid]).max() > 0
