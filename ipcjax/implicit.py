@@ -26,7 +26,10 @@ returns a NaN cotangent rather than a silently wrong one.
 
 Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
 at the saved x*, so a rollout stores per step only x*, the step's inputs and its contact
-stencils.
+stencils. Like the forward, it assembles the barrier only over the stencils inside d̂
+(``Capacity.active`` rows); if x* has more of them than that — possible, since the
+forward's last assembly was one small step before x* — it solves with every candidate
+row instead (both paths are compiled; only one runs), so no contact is ever left out.
 """
 from __future__ import annotations
 
@@ -35,16 +38,16 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from ipcjax.model import Config, Controls, Model
-from ipcjax.newton import block_jacobi, pcg
+from ipcjax.newton import active_size, block_jacobi, pcg
 from ipcjax.potential import HessianBlocks, dense_hessian, gradient_and_blocks, hessian_matvec, incremental_potential
 from ipcjax.result import StepCode
 from ipcjax.step import recheck_rounded, result_code, solve_positions, step_context
 
 
-def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts, contacts0, config):
+def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts, contacts0, config, active=None):
     """G(θ) = ∇ₓΦ(x*; θ) over the free DOFs, with x*'s fixed entries tied to x₀."""
     x = jnp.where(model.fixed[:, None], x0, x_star)
-    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config)
+    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config, active)
     g = jax.grad(incremental_potential)(x, model, params, controls, ctx, contacts, config)
     return g[model.free_particles].reshape(-1)
 
@@ -66,6 +69,25 @@ def hessian_solve(hb: HessianBlocks, rhs, config: Config, hessian: str = "exact"
     return jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
 
 
+def solve_at(x, model: Model, params, controls, ctx, contacts, config: Config, rhs, hessian: str = "exact",
+             active: int | None = None):
+    """u = H⁻¹ rhs with H the Hessian (``hessian``: exact or projected) of Φ at x.
+
+    H is assembled over the barrier stencils inside d̂ compacted into ``active`` rows
+    (None: every candidate row); when x has more of them, the solve is redone with every
+    row (``lax.cond``: both are compiled, one runs), so the result never misses a contact.
+    """
+    def solve_with(rows):
+        _, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config,
+                                    exact=(hessian == "exact"), active=rows)
+        return hessian_solve(hb, rhs, config, hessian), hb.n_active
+
+    u, n_active = solve_with(active)
+    if active is None:
+        return u
+    return jax.lax.cond(n_active <= active, lambda: u, lambda: solve_with(None)[0])
+
+
 def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"):
     """A differentiable ``solve(params, x0, v0, controls, dt) -> (x*, code)`` for one step.
 
@@ -74,6 +96,7 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
     """
     if hessian not in ("exact", "projected"):
         raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+    active = active_size(capacity)
 
     def forward(params, x0, v0, controls, dt):
         x, cs, cs0, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
@@ -92,10 +115,9 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
         x, cs, cs0, params, x0, v0, controls, dt = res
         xbar = cot[0]
         fp = model.free_particles
-        ctx = step_context(model, params, x0, v0, controls, dt, cs0, config)
-        _, hb = gradient_and_blocks(x, model, params, controls, ctx, cs, config, exact=(hessian == "exact"))
-        u = hessian_solve(hb, -xbar[fp].reshape(-1), config, hessian)
-        G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config)
+        ctx = step_context(model, params, x0, v0, controls, dt, cs0, config, active)
+        u = solve_at(x, model, params, controls, ctx, cs, config, -xbar[fp].reshape(-1), hessian, active)
+        G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config, active)
         _, vjp = jax.vjp(G, params, x0, v0, controls, dt)
         gp, gx0, gv0, gc, gdt = vjp(u)
         gx0 = gx0 + jnp.where(model.fixed[:, None], xbar, 0.0)

@@ -105,3 +105,38 @@ def test_rollout_gradients_with_contact_match_central_differences(case):
         ad = float(getattr(g, name))
         assert ad != 0.0, name
         assert abs(ad - fd) <= 1e-4 * abs(fd), (name, ad, fd)
+
+
+def test_backward_solve_with_too_few_active_rows_uses_every_row():
+    """The implicit VJP's H u = rhs over the compacted active rows equals the solve over
+    every candidate row, and when x has more active stencils than rows it falls back to
+    every row instead of leaving contacts out."""
+    from ipcjax.implicit import solve_at
+    from ipcjax.newton import query_contacts
+    from ipcjax.step import step_context
+
+    m, x0, v0 = _contact_case("film on sphere")
+    # perturbed off the symmetric start, where the sphere's closest point lies exactly on
+    # a shared film edge (a branch boundary of the exact Hessian, which rounding then picks)
+    n_film = int(np.sum(np.asarray(m.film)))
+    x0 = np.asarray(x0).copy()
+    x0[:n_film] += np.random.default_rng(6).normal(size=(n_film, 3)) * 2e-5
+    x0, v0 = jnp.asarray(x0), jnp.asarray(v0)
+    cap = C.initial_capacity(m.topology)
+    cs, _ = query_contacts(x0, x0, m, CFG, cap, CFG.skin)
+    p = Params.film_defaults()
+    ctl = Controls.empty(m.n_particles)
+    ctx = step_context(m, p, x0, v0, ctl, jnp.asarray(DT), cs, CFG)
+    rhs = jnp.asarray(np.random.default_rng(5).normal(size=3 * m.n_free))
+    run = jax.jit(lambda active: solve_at(x0, m, p, ctl, ctx, cs, CFG, rhs, "exact", active), static_argnums=0)
+    from ipcjax.potential import gradient_and_blocks
+    n_active = int(gradient_and_blocks(x0, m, p, ctl, ctx, cs, CFG, active=cap.active)[1].n_active)
+    assert 1 < n_active < cs.idx.shape[0]
+    full = np.asarray(run(None))
+    assert np.abs(full).max() > 0
+    np.testing.assert_allclose(np.asarray(run(cap.active)), full, rtol=1e-12, atol=0)
+    # one row for several active stencils: the compacted solve would miss contacts
+    compact_only = jax.jit(lambda: gradient_and_blocks(x0, m, p, ctl, ctx, cs, CFG, True, active=1))()[1]
+    from ipcjax.implicit import hessian_solve
+    assert np.max(np.abs(np.asarray(hessian_solve(compact_only, rhs, CFG)) - full)) > 1e-6 * np.abs(full).max()
+    np.testing.assert_allclose(np.asarray(run(1)), full, rtol=1e-12, atol=0)
