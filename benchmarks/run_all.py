@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # per script: its short arguments, or {result name: arguments} for several runs of it
 SHORT = {
+    "ab_step.py": ["--before", "cbc62fe", "--scenes", "bag", "--rounds", "1", "--repeat", "3"],
     "step.py": {"step": ["--steps", "5", "--repeat", "3"],
                 "step_bag": ["--bag-state", "tests/data/bag_full_8p50.npz", "--repeat", "5"]},
     "gradient.py": ["--steps", "4", "--repeat", "2"],

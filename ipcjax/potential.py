@@ -111,8 +111,11 @@ def contact_weights(X, contacts: ContactSet):
     for VT and SF, edge–edge for EE, constant for SS) — a third of the work of
     evaluating every formula on every row and selecting by kind, which is the fallback.
     """
-    if contacts.blocks is None or sum(contacts.blocks) != X.shape[0]:
+    if contacts.blocks is None:
         return jax.vmap(stencil_weights)(X, contacts.kind)
+    if sum(contacts.blocks) != X.shape[0]:
+        raise ValueError(f"ContactSet blocks {contacts.blocks} sum to {sum(contacts.blocks)} rows; "
+                         f"the stencils have {X.shape[0]}")
     n_vt, n_ee, n_sf, n_ss = contacts.blocks
     pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
     ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])

@@ -188,3 +188,5 @@ def test_per_block_weights_equal_the_kind_selected_ones(active_system):
     assert {int(C.ContactKind.VT), int(C.ContactKind.EE), int(C.ContactKind.SF)} <= kinds
     np.testing.assert_allclose(fast, generic, rtol=0, atol=1e-14)
     assert np.abs(fast[valid]).max() > 0
+    with pytest.raises(ValueError, match="blocks"):
+        contact_weights(X, ContactSet(cs.idx, cs.kind, cs.valid, (1, 1, 1, 1)))
