@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from ipcjax.model import LINEAR_SOLVERS
+
 
 def _drape(argv):
     ap = argparse.ArgumentParser(prog="ipcjax drape", description=(
@@ -24,8 +26,8 @@ def _drape(argv):
     ap.add_argument("--radius", type=float, default=0.02, help="sphere radius in m (default 0.02)")
     ap.add_argument("--membrane", choices=["neo_hookean", "stvk"], default="neo_hookean")
     ap.add_argument("--bending", choices=["hinge", "discrete_shell"], default="hinge")
-    ap.add_argument("--linear-solver", choices=["dense", "cg"], default="dense",
-                    help="Newton linear solve: dense Cholesky, or matrix-free CG for large films")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="dense",
+                    help="Newton linear solve: dense Cholesky, sparse LDLT on the host, or matrix-free CG for large films")
     ap.add_argument("--out", default="runs/drape", help="output folder (default runs/drape)")
     args = ap.parse_args(argv)
 
@@ -109,6 +111,8 @@ def _bag(argv):
                     help="write every n-th saved frame as .vtu/.obj under meshes/ (default 24; 0: none)")
     ap.add_argument("--no-pictures", action="store_true",
                     help="skip the time-series plot and the phase snapshots (PNG)")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse",
+                    help="Newton linear solve (default sparse: host LDLT, exact; dense: FP64 Cholesky)")
     args = ap.parse_args(argv)
     if args.save_every < 1 or args.checkpoint_every < 1 or args.mesh_every < 0:
         ap.error("--save-every and --checkpoint-every must be ≥ 1 and --mesh-every ≥ 0")
@@ -119,7 +123,7 @@ def _bag(argv):
     from ipcjax.step import advance, make_state
     from scenes.bag import UnfoldIncomplete, check_unfolded, bag_scene, measurements
 
-    sc = bag_scene(args.resolution)
+    sc = bag_scene(args.resolution, linear_solver=args.linear_solver)
     model, params, config, dt = sc["model"], sc["params"], sc["config"], sc["dt"]
     choreo = sc["choreography"]
     film_idx, sph_idx = sc["film"], sc["spheres"]
@@ -158,7 +162,7 @@ def _bag(argv):
     failure, reports, capacity = None, [], None
     min_gap = np.inf
     wall0 = time.perf_counter()
-    first = True
+    first, first_step_s = True, None  # the first step's wall includes the jit compilation
     while step_index < n_total:
         t = float(state.t)
         phase = choreo.phase_at(t)
@@ -177,6 +181,8 @@ def _bag(argv):
         except KeyboardInterrupt:  # keep everything so far; --resume continues from here
             failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
             break
+        if first:
+            first_step_s = time.perf_counter() - wall0
         first = False
         capacity = rep.capacity
         if not rep.ok:
@@ -206,6 +212,9 @@ def _bag(argv):
     summary = dict(
         resolution=args.resolution, steps_this_run=len(reports), step_index=step_index,
         simulated_s=float(state.t), wall_s=wall, steps_per_s=len(reports) / wall if wall > 0 else None,
+        linear_solver=config.linear_solver, first_step_s=first_step_s,
+        wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((len(reports) - 1) * dt)
+                                                 if len(reports) > 1 and first_step_s is not None else None),
         newton_iterations=int(sum(r.iterations for r in reports)),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
         min_gap_m=float(min_gap), unfold_checked=unfold_checked, failure=failure,
@@ -538,6 +547,8 @@ def _compare(argv):
     ap.add_argument("--at", type=float, default=None,
                     help="compare at this instant, s (default: the latest time both runs reached)")
     ap.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse",
+                    help="with --run: the IPC run's Newton linear solve (default sparse)")
     args = ap.parse_args(argv)
     if args.run == bool(args.ipc or args.vbd) or (not args.run and not (args.ipc and args.vbd)):
         ap.error("give either --run or both --ipc and --vbd")
@@ -558,7 +569,7 @@ def _compare(argv):
         ipc_dir, vbd_dir = os.path.join(args.out, "ipc"), os.path.join(args.out, "vbd")
         t0 = time.perf_counter()
         _bag(["--resolution", args.resolution, "--until", str(args.until), "--out", ipc_dir,
-              "--mesh-every", "0", "--no-pictures"])
+              "--mesh-every", "0", "--no-pictures", "--linear-solver", args.linear_solver])
         t1 = time.perf_counter()
         run_vbd(args.resolution, args.until, vbd_dir)
         t2 = time.perf_counter()

@@ -21,7 +21,9 @@ Approximations, each documented in docs/differentiation.md:
 The linear solve follows ``config.linear_solver``: the dense path factorizes H (LU for
 the exact Hessian, Cholesky for the projected one); the CG path solves with block-Jacobi
 PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is positive
-semidefinite, and the inertia makes it definite). A CG solve that misses its tolerance
+semidefinite, and the inertia makes it definite); the sparse path factorizes the sparse
+H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A CG solve that misses its tolerance, or a
+sparse factorization with a zero pivot (a non-positive one for the projected Hessian),
 returns a NaN cotangent rather than a silently wrong one.
 
 Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
@@ -37,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
+from ipcjax.ldl import sparse_solve
 from ipcjax.model import Config, Controls, Model
 from ipcjax.newton import active_size, block_jacobi, pcg
 from ipcjax.potential import HessianBlocks, dense_hessian, gradient_and_blocks, hessian_matvec, incremental_potential
@@ -57,12 +60,15 @@ def hessian_solve(hb: HessianBlocks, rhs, config: Config, hessian: str = "exact"
 
     Dense: LU (``hessian="exact"``, possibly indefinite away from a minimiser) or
     Cholesky (``"projected"``) of the scattered matrix. CG: block-Jacobi PCG on the
-    blocks to ``config.cg_tolerance``; NaN where it does not converge.
+    blocks to ``config.cg_tolerance``; NaN where it does not converge. Sparse: host LDLᵀ
+    of the blocks; NaN on a zero pivot (on a non-positive one for ``"projected"``).
     """
     if config.linear_solver == "cg":
         u, conv, _ = pcg(lambda v: hessian_matvec(hb, v), rhs, block_jacobi(hb),
                          config.cg_tolerance, config.cg_max_iterations)
         return jnp.where(conv, u, jnp.nan)
+    if config.linear_solver == "sparse":
+        return sparse_solve(hb, rhs, require_pd=(hessian == "projected"))[0]
     H = dense_hessian(hb)
     if hessian == "exact":
         return jnp.linalg.solve(H, rhs)

@@ -116,6 +116,9 @@ class State(NamedTuple):
     t: jnp.ndarray  # () float64, s
 
 
+LINEAR_SOLVERS = ("dense", "cg", "sparse")
+
+
 @dataclass(frozen=True)
 class Config:
     """Solver settings.
@@ -126,12 +129,14 @@ class Config:
     recompiling. ``linear_solver="dense"`` factorizes the equilibrated (3F, 3F) Hessian by
     Cholesky; ``"cg"`` never forms it and solves with block-Jacobi preconditioned
     conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
-    within ``cg_max_iterations`` (not reaching it is a failed factorization).
+    within ``cg_max_iterations`` (not reaching it is a failed factorization);
+    ``"sparse"`` factorizes the sparse Hessian by LDLᵀ on the host (:mod:`ipcjax.ldl`,
+    exact like ``"dense"``, without the (3F)² matrix).
     """
 
     membrane: str = "neo_hookean"       # or "stvk"
     bending: str = "hinge"              # or "discrete_shell"
-    linear_solver: str = "dense"        # or "cg"
+    linear_solver: str = "dense"        # or "cg", "sparse"
     dhat: float = 1.0e-3                # barrier activation distance, m
     min_gap: float = 0.030e-3           # film mid-surface gap, m
     skin: float = 1.5e-3                # candidate-reuse skin between Newton iterations, m
@@ -148,8 +153,8 @@ class Config:
             raise ValueError(f"membrane must be 'neo_hookean' or 'stvk'; got {self.membrane!r}")
         if self.bending not in ("hinge", "discrete_shell"):
             raise ValueError(f"bending must be 'hinge' or 'discrete_shell'; got {self.bending!r}")
-        if self.linear_solver not in ("dense", "cg"):
-            raise ValueError(f"linear_solver must be 'dense' or 'cg'; got {self.linear_solver!r}")
+        if self.linear_solver not in LINEAR_SOLVERS:
+            raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}; got {self.linear_solver!r}")
         if not (0 < self.cg_tolerance < 1 and self.cg_max_iterations >= 1):
             raise ValueError(f"need 0 < cg_tolerance < 1 and cg_max_iterations ≥ 1; got "
                              f"{self.cg_tolerance}, {self.cg_max_iterations}")

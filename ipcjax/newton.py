@@ -8,7 +8,9 @@ One bounded ``lax.while_loop``; each iteration
    (D H D) z = −D∇Φ by Cholesky (``jax.scipy.linalg.cho_factor``), Δx = D z; ``"cg"``
    never forms the matrix and runs block-Jacobi preconditioned conjugate gradients with
    H·v applied block by block (a direction that misses ``config.cg_tolerance`` within
-   ``config.cg_max_iterations`` is reported like a failed factorization),
+   ``config.cg_max_iterations`` is reported like a failed factorization); ``"sparse"``
+   factorizes the sparse H by LDLᵀ on the host (:mod:`ipcjax.ldl`; a pivot ≤ 0 is a
+   failed factorization, as for Cholesky),
 3. stops after this iteration when max|Δx| < tolerance (m) — the last small step is
    still taken when the line search accepts it,
 4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
@@ -29,6 +31,7 @@ import jax.scipy.linalg as jsl
 
 from ipcjax import candidates as _cand
 from ipcjax import ccd as _ccd
+from ipcjax.ldl import sparse_direction
 from ipcjax.model import Config, Controls, Model, Params
 from ipcjax.potential import (
     ContactSet, HessianBlocks, StencilGeometry, StepContext, dense_hessian, gradient_and_blocks,
@@ -160,6 +163,8 @@ def solve_direction(x, model: Model, params: Params, controls: Controls, ctx: St
                                 active=active)
     if config.linear_solver == "cg":
         dx, ok, _ = cg_direction(g, hb, config)
+    elif config.linear_solver == "sparse":
+        dx, ok = sparse_direction(g, hb)
     else:
         dx, ok = newton_direction(g, dense_hessian(hb))
     return g, dx, ok, hb.n_active

@@ -621,9 +621,13 @@ RESOLUTIONS = {"full": (15, 32), "coarse": (7, 12)}
 
 
 def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: int | None = None,
-              params: Params | None = None, dhat: float = 1.0e-3):
+              params: Params | None = None, dhat: float = 1.0e-3, linear_solver: str = "sparse"):
     """The bag experiment. Particles: film [0, N_f), spheres [N_f, N_f + 7), then bin and
     floor vertices (fixed, zero mass).
+
+    ``linear_solver``: the Newton linear solve (:class:`ipcjax.model.Config`); the bag
+    defaults to ``"sparse"`` (host LDLᵀ, exact like the dense Cholesky and, on the CPU,
+    faster at both resolutions: docs/benchmarks.md).
 
     Returns a dict: model, x (initial positions, m), params, config, dt, mesh, faces,
     index sets (film, rim, neck, spheres, bin, floor), sphere_radius, choreography, t_end.
@@ -652,7 +656,8 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
                         fixed=fixed, radius=radius)
     # build_model takes its rest shape from x; the flat disk at z = FILM_Z0 is congruent to the mesh.
     params = Params.film_defaults() if params is None else params
-    config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150)
+    config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150,
+                    linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)
     choreo = make_choreography(mesh, n, spheres, sph_m, np.asarray(params.gravity), DT)
     return dict(

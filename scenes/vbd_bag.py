@@ -343,6 +343,7 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
     rest = model.spring_rest_length.numpy().astype(np.float32)
     sa, st = v["spring_anchor"], v["spring_tie"]
     wall0 = time.perf_counter()
+    first_frame_s = None  # includes Warp's kernel loading (and compilation on a cold cache)
     frame, t = 0, 0.0
     try:
         from tqdm import tqdm
@@ -387,6 +388,8 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
                 solver.step(s0, s1, control, None, DT)
                 s0, s1 = s1, s0
             frame += 1
+            if first_frame_s is None:
+                first_frame_s = time.perf_counter() - wall0
             prev_slots, prev_tie = (k, tgt), (tie_k, tie_len)
             film, spheres = positions(s0)
             problem = frame_problem(film, spheres, s0.particle_qd.numpy()[:nf])
@@ -423,6 +426,9 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
         steps_per_s=done / wall if wall > 0 else None,
         substeps_per_s=SUBSTEPS * done / wall if wall > 0 else None,
         wall_s_per_simulated_s=wall / (done * FRAME_DT) if done else None,
+        first_step_s=first_frame_s,
+        wall_s_per_simulated_s_after_first_step=((wall - first_frame_s) / ((done - 1) * FRAME_DT)
+                                                 if done > 1 and first_frame_s is not None else None),
         settings=dict(dt=DT, substeps_per_frame=SUBSTEPS, iterations=iterations,
                       self_contact_margin_m=SELF_CONTACT_MARGIN, self_contact_gap_m=SELF_CONTACT_GAP,
                       film_particle_radius_m=FILM_PARTICLE_RADIUS, soft_contact_gap_m=SOFT_CONTACT_GAP,
