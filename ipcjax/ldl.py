@@ -49,6 +49,10 @@ def upper_triangle(diag, rows, blocks):
         r, B = np.asarray(r), np.asarray(B)
         if r.shape[0] == 0:
             continue
+        # most contact rows are padding (zero blocks): one pass finds the others
+        used = np.flatnonzero(B.reshape(B.shape[0], -1).any(axis=1))
+        if used.shape[0] < r.shape[0]:
+            r, B = r[used], B[used]
         rr = np.broadcast_to(r[:, :, None], B.shape)
         cc = np.broadcast_to(r[:, None, :], B.shape)
         keep = (rr <= cc) & (cc < n) & (B != 0)
