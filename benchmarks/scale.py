@@ -1,7 +1,8 @@
-"""Seconds per Newton iteration against film size, dense Cholesky path beside the CG path.
+"""Seconds per Newton iteration against film size: the dense Cholesky, sparse LDLᵀ and CG paths.
 
     python3 benchmarks/scale.py [--sizes 500,2000,4000,8000,16000,32000] [--dense-max 4200]
-                                [--repeat 3] [--json scale.json] [--plot scale.png]
+                                [--paths dense,sparse,cg] [--repeat 3] [--json scale.json]
+                                [--plot scale.png]
 
 Scene per size: an n×n film (n = round(√size)) at the 484-vertex drape's spacing
 (0.1 m / 21 = 4.76 mm, so the film grows with n and the contact width d̂ = 1 mm stays
@@ -9,7 +10,8 @@ well below the edge length), laid 0.4 mm above a fixed sphere of radius side/4 (
 d̂: barrier and lagged friction are active from the start) with a floor below. On that
 state the phases of the first Newton iteration are timed separately (jitted, median of
 --repeat after a warm-up call): assembly (∇Φ and the PSD Hessian: the dense matrix, or
-the element blocks), direction (equilibrated Cholesky solve, or block-Jacobi PCG),
+the element blocks), direction (equilibrated Cholesky solve, host sparse LDLᵀ of the
+blocks, or block-Jacobi PCG),
 candidates (swept query x → x + Δx) and line search (step bound + Armijo loop). Beside
 them, for the dense path, the bare Cholesky (``cho_factor`` of the same Hessian).
 
@@ -42,6 +44,7 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     import ipcjax  # noqa: F401
     from benchmarks.timing import median_time
     from ipcjax import candidates as C
+    from ipcjax.ldl import sparse_direction
     from ipcjax.model import Config, Controls, Params
     from ipcjax.newton import armijo, cg_direction, newton_direction, query_contacts, step_bound
     from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential, stencil_geometry
@@ -70,6 +73,9 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     if path == "dense":
         assemble = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb)))(*blocks(x)))
         direction = jax.jit(lambda g, H: newton_direction(g, H) + (jnp.int32(0),))
+    elif path == "sparse":
+        assemble = blocks
+        direction = jax.jit(lambda g, hb: sparse_direction(g, hb) + (jnp.int32(0),))
     else:
         assemble = blocks
         direction = jax.jit(lambda g, hb: (lambda d, ok, info: (d, ok, info.iterations))(*cg_direction(g, hb, cfg)))
@@ -125,6 +131,7 @@ def _plot(rows, out):
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for key, label, style in (("dense", "dense path, one Newton iteration", "o-"),
+                              ("sparse", "sparse LDLᵀ path, one Newton iteration", "D-"),
                               ("cg", "CG path, one Newton iteration", "s-"),
                               ("bare_cholesky", "bare dense Cholesky", "^--")):
         pts = [(r["vertices"], r[key]) for r in rows if r.get(key)]
@@ -147,6 +154,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="500,2000,4000,8000,16000,32000", help="film vertex counts, comma-separated")
     ap.add_argument("--dense-max", type=int, default=4200, help="largest vertex count run on the dense path")
+    ap.add_argument("--paths", default="dense,sparse,cg", help="linear-solve paths to run (dense up to --dense-max)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a log-log plot of seconds per iteration here (png)")
@@ -159,42 +167,50 @@ def main(argv=None):
         print(json.dumps(_worker(int(args.worker[0]), args.worker[1], args.repeat)))
         return None
 
+    paths = args.paths.split(",")
+    unknown = set(paths) - {"dense", "sparse", "cg"}
+    if unknown:
+        ap.error(f"unknown paths {sorted(unknown)}")
     rows, runs = [], []
-    print(f"{'vertices':>8} {'DOFs':>6} {'contacts':>8} {'dense s/it':>10} {'bare chol s':>11} {'cg s/it':>8} "
-          f"{'CG its':>6} {'cg/dense':>8} {'dense/chol':>10} {'cg/chol':>7} {'RSS dense':>9} {'RSS cg':>6}",
+    cols = [("dense", 10, ".4f"), ("bare_cholesky", 11, ".4f"), ("sparse", 8, ".4f"), ("cg", 8, ".4f"),
+            ("cg_iterations", 6, "d"), ("sparse_over_dense", 8, ".2f"), ("cg_over_dense", 8, ".2f"),
+            ("dense_over_bare_cholesky", 10, ".2f"), ("rss_dense_gb", 9, ".2f"), ("rss_sparse_gb", 9, ".2f"),
+            ("rss_cg_gb", 6, ".2f")]
+    print(f"{'vertices':>8} {'DOFs':>6} {'contacts':>8} " + " ".join(k[:w].rjust(w) for k, w, _ in cols),
           file=sys.stderr)
     for size in [int(s) for s in args.sizes.split(",")]:
         n = max(3, round(size ** 0.5))
         row = dict(vertices=n * n)
-        if n * n <= args.dense_max:
-            d = _run(n, "dense", args.repeat)
-            runs.append(d)
-            if "error" not in d:
-                row.update(dense=d["seconds"]["iteration"], bare_cholesky=d["seconds"]["bare_cholesky"],
-                           rss_dense_gb=d["max_rss_gb"])
-        else:
-            dofs = 3 * n * n
-            row["dense_skipped"] = f"dense (3F)² would need {8 * dofs**2 / 1e9:.1f} GB per matrix"
-            print(f"{n * n:>8}  skipped: {row['dense_skipped']}", file=sys.stderr)
-        c = _run(n, "cg", args.repeat)
-        runs.append(c)
-        if "error" not in c:
-            row.update(cg=c["seconds"]["iteration"], cg_iterations=c["cg_iterations"], rss_cg_gb=c["max_rss_gb"],
-                       free_dofs=c["free_dofs"], contacts=c["contacts"])
-        else:
-            print(f"{n * n:>8}  cg failed: {c['error']}", file=sys.stderr)
-        if row.get("dense") and row.get("cg"):
-            row["cg_over_dense"] = row["cg"] / row["dense"]
+        for path in paths:
+            if path == "dense" and n * n > args.dense_max:
+                dofs = 3 * n * n
+                row["dense_skipped"] = f"dense (3F)² would need {8 * dofs**2 / 1e9:.1f} GB per matrix"
+                print(f"{n * n:>8}  skipped: {row['dense_skipped']}", file=sys.stderr)
+                continue
+            r = _run(n, path, args.repeat)
+            runs.append(r)
+            if "error" in r:
+                print(f"{n * n:>8}  {path} failed: {r['error']}", file=sys.stderr)
+                continue
+            row.update({path: r["seconds"]["iteration"], f"rss_{path}_gb": r["max_rss_gb"],
+                        "free_dofs": r["free_dofs"], "contacts": r["contacts"]})
+            if path == "dense":
+                row["bare_cholesky"] = r["seconds"]["bare_cholesky"]
+            if path == "cg":
+                row["cg_iterations"] = r["cg_iterations"]
+        for path in ("sparse", "cg"):
+            if row.get("dense") and row.get(path):
+                row[f"{path}_over_dense"] = row[path] / row["dense"]
+        if row.get("sparse") and row.get("cg"):
+            row["sparse_over_cg"] = row["sparse"] / row["cg"]
         if row.get("bare_cholesky"):
-            row["dense_over_bare_cholesky"] = row.get("dense", float("nan")) / row["bare_cholesky"]
-            row["cg_over_bare_cholesky"] = row.get("cg", float("nan")) / row["bare_cholesky"]
+            for path in ("dense", "sparse", "cg"):
+                if row.get(path):
+                    row[f"{path}_over_bare_cholesky"] = row[path] / row["bare_cholesky"]
         rows.append(row)
         f = lambda k, w, fmt: format(row[k], fmt).rjust(w) if k in row else "—".rjust(w)
-        print(f"{n * n:>8} {row.get('free_dofs', 0):>6} {row.get('contacts', 0):>8} {f('dense', 10, '.4f')} "
-              f"{f('bare_cholesky', 11, '.4f')} {f('cg', 8, '.4f')} {f('cg_iterations', 6, 'd')} "
-              f"{f('cg_over_dense', 8, '.2f')} {f('dense_over_bare_cholesky', 10, '.2f')} "
-              f"{f('cg_over_bare_cholesky', 7, '.2f')} {f('rss_dense_gb', 9, '.2f')} {f('rss_cg_gb', 6, '.2f')}",
-              file=sys.stderr)
+        print(f"{n * n:>8} {row.get('free_dofs', 0):>6} {row.get('contacts', 0):>8} "
+              + " ".join(f(k, w, fmt) for k, w, fmt in cols), file=sys.stderr)
     import jax
     out = dict(
         benchmark="scale",

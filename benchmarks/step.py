@@ -17,11 +17,15 @@ iterations that leave the 1.5 mm skin). Beside the phases, the whole jitted Newt
 of the step's problem is timed and divided by its iteration count: the iteration as it
 runs in context. The bare dense Cholesky (jax.scipy.linalg.cho_factor of an SPD matrix
 of the same size) is timed in the same run, and every figure is printed as a ratio to it.
+The sparse path (``linear_solver="sparse"``: host LDLᵀ of the element blocks,
+ipcjax.ldl) is timed in the same run on the same problem: its assembly (blocks, no dense
+scatter), its direction, the iteration and the whole solve and step, under ``sparse``.
 Prints JSON.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -37,6 +41,7 @@ import numpy as np
 
 import ipcjax  # noqa: F401
 from benchmarks.timing import median_time
+from ipcjax.ldl import sparse_direction
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import armijo, newton_direction, query_contacts, step_bound
 from ipcjax.newton import newton_solve
@@ -74,10 +79,14 @@ def main(argv=None):
         scene = f"{args.n}x{args.n} film on a sphere after {args.steps} steps"
     settle_wall = time.perf_counter() - t0
 
+    cfg = dataclasses.replace(cfg, linear_solver="dense")
+    cfg_sp = dataclasses.replace(cfg, linear_solver="sparse")
     # whole step (median over repeats of the same step)
     t_step = median_time(lambda: step(model, params, st, ctl, dt, config=cfg, capacity=cap), args.repeat)
     _, info = step(model, params, st, ctl, dt, config=cfg, capacity=cap)
     n_iter = int(info.iterations)
+    t_step_sp = median_time(lambda: step(model, params, st, ctl, dt, config=cfg_sp, capacity=cap), args.repeat)
+    _, info_sp = step(model, params, st, ctl, dt, config=cfg_sp, capacity=cap)
 
     x = jnp.asarray(st.x, jnp.float64)
     v = jnp.asarray(st.v, jnp.float64)
@@ -90,7 +99,15 @@ def main(argv=None):
         g, hb = gradient_and_blocks(x, model, params, ctl, ctx, cs, cfg, geometry=geom, active=cap.active)
         return g, dense_hessian(hb), geom
 
+    @jax.jit
+    def assemble_blocks(x):
+        geom = stencil_geometry(x, cs, model.radius, cfg.min_gap)
+        return gradient_and_blocks(x, model, params, ctl, ctx, cs, cfg, geometry=geom, active=cap.active)
+
     g, H, geom = assemble(x)
+    _, hb = assemble_blocks(x)
+    sd = jax.jit(sparse_direction)
+    dx_sp, ok_sp = sd(g, hb)
     nd = jax.jit(newton_direction)
     dxf, _ = nd(g, H)
     dx = jnp.zeros_like(x).at[model.free_particles].set(dxf.reshape(-1, 3))
@@ -106,12 +123,17 @@ def main(argv=None):
     solve = jax.jit(lambda x: newton_solve(x, model, params, ctl, ctx, cs, stats, cfg, cap))
     _, _, sinfo = solve(x)
     solve_iterations = int(sinfo.iterations)
+    solve_sp = jax.jit(lambda x: newton_solve(x, model, params, ctl, ctx, cs, stats, cfg_sp, cap))
+    _, _, sinfo_sp = solve_sp(x)
 
     t_cand = median_time(lambda: cand(x, dx), args.repeat)
     t_asm = median_time(lambda: assemble(x), args.repeat)
     t_fact = median_time(lambda: nd(g, H), args.repeat)
     t_ls = median_time(lambda: line_search(x, dx, geom, phi_x), args.repeat)
     t_solve = median_time(lambda: solve(x), args.repeat)
+    t_asm_sp = median_time(lambda: assemble_blocks(x), args.repeat)
+    t_fact_sp = median_time(lambda: sd(g, hb), args.repeat)
+    t_solve_sp = median_time(lambda: solve_sp(x), args.repeat)
 
     n3 = H.shape[0]
     rng = np.random.default_rng(0)
@@ -121,6 +143,19 @@ def main(argv=None):
     t_chol = median_time(lambda: chol(spd), args.repeat)
     t_iter = t_asm + t_fact + t_ls
     t_in_solve = t_solve / max(solve_iterations, 1)
+    t_iter_sp = t_asm_sp + t_fact_sp + t_ls
+    it_sp = int(sinfo_sp.iterations)
+    sparse = dict(
+        newton_iterations_last_step=int(info_sp.iterations), newton_iterations_solve=it_sp,
+        direction_ok=bool(ok_sp), direction_rel_diff_to_dense=float(jnp.max(jnp.abs(dx_sp - dxf)) / jnp.max(jnp.abs(dxf))),
+        seconds=dict(assembly=t_asm_sp, factorization=t_fact_sp, line_search=t_ls, iteration=t_iter_sp,
+                     iteration_in_solve=t_solve_sp / max(it_sp, 1), solve=t_solve_sp, step=t_step_sp),
+        ratio_to_bare_cholesky=dict(assembly=t_asm_sp / t_chol, factorization=t_fact_sp / t_chol,
+                                    iteration=t_iter_sp / t_chol,
+                                    iteration_in_solve=t_solve_sp / max(it_sp, 1) / t_chol, step=t_step_sp / t_chol),
+        ratio_to_dense=dict(factorization=t_fact_sp / t_fact, iteration=t_iter_sp / t_iter,
+                            iteration_in_solve=(t_solve_sp / max(it_sp, 1)) / t_in_solve, step=t_step_sp / t_step),
+    )
     out = dict(
         machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}",
         scene=scene, particles=model.n_particles, free_dofs=n3, candidates=dict(vt=int(info.n_vt), ee=int(info.n_ee), sf=int(info.n_sf)),
@@ -135,6 +170,7 @@ def main(argv=None):
                                     factorization=t_fact / t_chol, line_search=t_ls / t_chol,
                                     iteration=t_iter / t_chol, iteration_in_solve=t_in_solve / t_chol,
                                     step=t_step / t_chol),
+        sparse=sparse,
         notes=("iteration = assembly + factorization + line search (candidates are queried only in "
                "iterations that leave the skin); iteration_in_solve = the jitted Newton solve of "
                "the step's problem divided by its iterations"),

@@ -17,6 +17,23 @@ def test_drape_job_writes_trajectory_and_summary(tmp_path):
     assert traj["film"].shape == (4, 16, 3) and traj["faces"].shape == (18, 3)
 
 
+def test_bag_job_records_its_solver_and_first_step(tmp_path):
+    """`ipcjax bag` (coarse, 3 steps): the sparse linear solve by default, the first step's
+    wall (jit compilation) split off the rate, no self-intersection."""
+    out = tmp_path / "bag"
+    rc = main(["bag", "--resolution", "coarse", "--until", str(3 / 240), "--out", str(out),
+               "--mesh-every", "0", "--no-pictures"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["linear_solver"] == "sparse" and s["steps_this_run"] == 3 and s["failure"] is None
+    assert 0 < s["first_step_s"] < s["wall_s"]
+    assert s["wall_s_per_simulated_s_after_first_step"] == pytest.approx(
+        (s["wall_s"] - s["first_step_s"]) / (2 / 240))
+    assert s["audit"]["frames_with_self_intersection"] == 0
+    with pytest.raises(SystemExit):
+        main(["bag", "--linear-solver", "lu", "--out", str(out)])
+
+
 def test_unknown_job_prints_usage(capsys):
     assert main(["nonsense"]) == 2
     assert "usage: ipcjax" in capsys.readouterr().out
