@@ -11,10 +11,11 @@ from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import newton_direction
 from ipcjax.potential import dense_hessian
 from ipcjax.result import StepCode
-from ipcjax.step import make_state, simulate, step
-from scenes.film import drape_scene, vertex_triangle_scene
+from ipcjax.step import make_state, step
+from scenes.film import vertex_triangle_scene
 from tests.helpers import assert_nonzero, rel_err
 from tests.test_sparse import contact_system  # noqa: F401  (the 9×9 film-over-sphere blocks)
+from tests.test_sparse import drape_runs
 
 DT = 1.0 / 240.0
 SPARSE = Config(linear_solver="sparse")
@@ -90,15 +91,8 @@ def test_sparse_solve_under_vmap(contact_system):
 def test_sparse_drape_follows_the_dense_drape():
     """Same Newton iterations, same positions to round-off, no intersection; a failed
     factorization (negative mass makes H indefinite) is reported, not stepped over."""
-    sc = drape_scene(n=6, size=0.04, sphere_radius=0.02, gap=0.4e-3)
+    sc, p, ctl, runs = drape_runs((Config(), SPARSE))
     m = sc["model"]
-    p = Params.film_defaults()
-    ctl = Controls.empty(m.n_particles, tolerance=5e-7)
-    runs = {}
-    for cfg in (Config(), SPARSE):
-        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, 12, DT, cfg)
-        assert all(r.ok for r in reps)
-        runs[cfg.linear_solver] = (frames, reps)
     (fd, rd), (fs, rs) = runs["dense"], runs["sparse"]
     assert [r.iterations for r in rd] == [r.iterations for r in rs]
     assert np.max(np.abs(fs[-1] - fd[-1])) < 1e-9  # m

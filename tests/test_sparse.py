@@ -88,16 +88,24 @@ def test_implicit_vjp_solve_by_cg_matches_dense(contact_system):
     assert np.all(np.isnan(np.asarray(solve(hb, rhs, cg_cfg, "exact"))))
 
 
-def test_cg_drape_ends_where_the_dense_drape_does():
+def drape_runs(configs, steps=12):
+    """A 6×6 film dropped 0.4 mm onto a sphere for ``steps`` steps with each config:
+    (scene, params, controls, {linear_solver: (frames, reports)}); every step must succeed."""
     sc = drape_scene(n=6, size=0.04, sphere_radius=0.02, gap=0.4e-3)
     m = sc["model"]
     p = Params.film_defaults()
     ctl = Controls.empty(m.n_particles, tolerance=5e-7)
     runs = {}
-    for cfg in (Config(), CG):
-        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, 12, DT, cfg)
+    for cfg in configs:
+        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, DT, cfg)
         assert all(r.ok for r in reps)
         runs[cfg.linear_solver] = (frames, reps)
+    return sc, p, ctl, runs
+
+
+def test_cg_drape_ends_where_the_dense_drape_does():
+    sc, p, ctl, runs = drape_runs((Config(), CG))
+    m = sc["model"]
     (fd, _), (fc, reps) = runs["dense"], runs["cg"]
     print('max |x_cg - x_dense| %.3g m, film moved %.3g m' % (np.max(np.abs(fc[-1] - fd[-1])), np.max(np.abs(fd[-1] - fd[0]))))
     assert np.max(np.abs(fc[-1] - fd[-1])) < 2e-6  # m, after 12 steps
