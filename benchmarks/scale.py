@@ -167,8 +167,9 @@ def main(argv=None):
         print(json.dumps(_worker(int(args.worker[0]), args.worker[1], args.repeat)))
         return None
 
+    from ipcjax.model import LINEAR_SOLVERS
     paths = args.paths.split(",")
-    unknown = set(paths) - {"dense", "sparse", "cg"}
+    unknown = set(paths) - set(LINEAR_SOLVERS)
     if unknown:
         ap.error(f"unknown paths {sorted(unknown)}")
     rows, runs = [], []

@@ -94,18 +94,16 @@ def main(argv=None):
     ctx = step_context(model, params, x, v, ctl, jnp.asarray(dt), cs, cfg, cap.active)
 
     @jax.jit
-    def assemble(x):
+    def assemble_blocks(x):  # the sparse (and CG) path's assembly: the element blocks
         geom = stencil_geometry(x, cs, model.radius, cfg.min_gap)
         g, hb = gradient_and_blocks(x, model, params, ctl, ctx, cs, cfg, geometry=geom, active=cap.active)
-        return g, dense_hessian(hb), geom
+        return g, hb, geom
 
-    @jax.jit
-    def assemble_blocks(x):
-        geom = stencil_geometry(x, cs, model.radius, cfg.min_gap)
-        return gradient_and_blocks(x, model, params, ctl, ctx, cs, cfg, geometry=geom, active=cap.active)
+    # the dense path's: the same blocks scattered into the (3F, 3F) matrix
+    assemble = jax.jit(lambda x: (lambda g, hb, geom: (g, dense_hessian(hb), geom))(*assemble_blocks(x)))
 
     g, H, geom = assemble(x)
-    _, hb = assemble_blocks(x)
+    _, hb, _ = assemble_blocks(x)
     sd = jax.jit(sparse_direction)
     dx_sp, ok_sp = sd(g, hb)
     nd = jax.jit(newton_direction)

@@ -162,7 +162,7 @@ def _bag(argv):
     failure, reports, capacity = None, [], None
     min_gap = np.inf
     wall0 = time.perf_counter()
-    first, first_step_s = True, None  # the first step's wall includes the jit compilation
+    first_step_s = None  # wall of this run's first step, which includes the jit compilation
     while step_index < n_total:
         t = float(state.t)
         phase = choreo.phase_at(t)
@@ -177,13 +177,12 @@ def _bag(argv):
             unfold_checked = True
         try:
             state_new, rep = advance(model, params, state, choreo.controls_at(step_index, t), dt, config,
-                                     capacity, validate=first)
+                                     capacity, validate=first_step_s is None)
         except KeyboardInterrupt:  # keep everything so far; --resume continues from here
             failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
             break
-        if first:
+        if first_step_s is None:
             first_step_s = time.perf_counter() - wall0
-        first = False
         capacity = rep.capacity
         if not rep.ok:
             failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))

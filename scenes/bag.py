@@ -627,7 +627,7 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
 
     ``linear_solver``: the Newton linear solve (:class:`ipcjax.model.Config`); the bag
     defaults to ``"sparse"`` (host LDLᵀ, exact like the dense Cholesky and, on the CPU,
-    faster at both resolutions: docs/benchmarks.md).
+    0.66× its Newton iteration on the 481-vertex bag: docs/benchmarks.md).
 
     Returns a dict: model, x (initial positions, m), params, config, dt, mesh, faces,
     index sets (film, rim, neck, spheres, bin, floor), sphere_radius, choreography, t_end.
