@@ -13,7 +13,26 @@ import time
 
 import numpy as np
 
+from ipcjax import runfolder
 from ipcjax.model import LINEAR_SOLVERS
+
+
+def _check(ok: bool, message: str) -> None:
+    """Refuse a bad input: ``main`` prints ``message`` as one line and exits 2."""
+    if not ok:
+        raise ValueError(message)
+
+
+def _positive(flag: str, value: float) -> None:
+    _check(np.isfinite(value) and value > 0, f"{flag} must be a finite number > 0; got {value}")
+
+
+def _first_step_bar(job: str, total: int, done: int = 0):
+    """Progress bar (stderr) started after the first step, so that its rate and ETA leave out
+    the jit compilation that step pays for; ``done`` steps, the first included, are already done."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, desc=job, unit="step")
 
 
 def _drape(argv):
@@ -30,8 +49,11 @@ def _drape(argv):
                     help="Newton linear solve: dense Cholesky, sparse LDLT on the host, or matrix-free CG for large films")
     ap.add_argument("--out", default="runs/drape", help="output folder (default runs/drape)")
     args = ap.parse_args(argv)
-
-    from tqdm import tqdm
+    _check(args.steps >= 1, f"--steps must be ≥ 1; got {args.steps}")
+    _check(args.resolution >= 2, f"--resolution must be ≥ 2 vertices per side; got {args.resolution}")
+    _positive("--size", args.size)
+    _positive("--radius", args.radius)
+    runfolder.prepare(args.out)
 
     from ipcjax.audit import audit_trajectory
     from ipcjax.model import Config, Controls, Params
@@ -46,25 +68,31 @@ def _drape(argv):
     state = make_state(sc["x"])
     dt = 1.0 / 240.0
     frames, times, reports = [np.asarray(state.x)], [0.0], []
-    capacity = None
+    capacity, bar = None, None
     t0 = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="drape", unit="step")
-    for _ in bar:
+    print("drape: compiling (first step)…", file=sys.stderr, flush=True)
+    for _ in range(args.steps):
         state, rep = advance(model, params, state, controls, dt, config, capacity)
         capacity = rep.capacity
         if not rep.ok:
-            bar.close()
+            if bar is not None:
+                bar.close()
             print(f"step at t = {float(state.t):.4f} s failed: {rep.reason}", file=sys.stderr)
             break
         reports.append(rep)
         frames.append(np.asarray(state.x))
         times.append(float(state.t))
+        if bar is None:
+            bar = _first_step_bar("drape", args.steps, 1)
+        else:
+            bar.update(1)
         bar.set_postfix(t=f"{float(state.t):.3f}s", newton=rep.iterations, gap=f"{rep.min_gap*1e3:.3f}mm")
+    if bar is not None:
+        bar.close()
     wall = time.perf_counter() - t0
     frames = np.stack(frames)
     n_film = len(np.unique(sc["film_triangles"]))
     audit = audit_trajectory(frames, sc["film_triangles"], [sc["sphere"]], [args.radius])
-    os.makedirs(args.out, exist_ok=True)
     np.savez_compressed(os.path.join(args.out, "trajectory.npz"), film=frames[:, :n_film],
                         faces=sc["film_triangles"], time=np.asarray(times))
     summary = dict(
@@ -75,23 +103,57 @@ def _drape(argv):
         min_film_sphere_gap_m=float(np.min(audit["min_film_sphere"])),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
     )
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
+    print(runfolder.write_json(os.path.join(args.out, "summary.json"), summary))
     return 0 if len(reports) == args.steps and audit["frames_with_self_intersection"] == 0 else 1
 
 
-def _finite_or_none(obj):
-    """JSON-safe copy: non-finite floats (an unmeasured gap is +inf) become null."""
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+def _read_bag_state(path, sc, resolution):
+    """The ``--resume`` state, checked against this bag scene before anything runs: the
+    checks of :func:`ipcjax.runfolder.read_state`, its step index against its time, and the
+    choreography captures (grab positions, tie lengths) that its earlier steps recorded.
+    Loads the captures into ``sc["choreography"]``.
+
+    Raises:
+        FileNotFoundError, ValueError: one message naming the file and what is wrong.
+    """
+    from scenes.bag import EPS_T
+
+    ch, dt = sc["choreography"], sc["dt"]
+    rs = runfolder.read_state(path, sc["model"].n_particles, resolution)
+    t, step = float(rs["t"]), int(rs["step"])
+    _check(abs(step * dt - t) < 1e-6,
+           f"--resume {path}: step {step} does not match t = {t:.6f} s (steps of {dt:.6f} s)")
+    # observe() records a capture when a step starts at or after its track's start; one that
+    # an earlier step recorded cannot be re-made from the saved positions, so it must be here
+    t_last = t - dt  # start of the state's last step
+    due = [tr.name for tr in ch.tracks if tr.needs_capture() and t_last + EPS_T >= tr.t_on]
+    if t_last + EPS_T >= ch.tie.t_on:
+        due.append(ch.tie.name)
+    missing = [f"capture_{n}" for n in due if f"capture_{n}" not in rs]
+    _check(not missing, f"--resume {path}: missing {', '.join(missing)}, which the choreography records "
+                        f"before t = {t:.4f} s")
+    tie = rs.get(f"capture_{ch.tie.name}")
+    _check(tie is None or tie.shape == (len(ch.tie.pairs),),
+           f"--resume {path}: capture_{ch.tie.name} has shape {None if tie is None else tie.shape}; "
+           f"expected ({len(ch.tie.pairs)},) tie lengths")
+    try:
+        ch.load_captures(rs)
+    except ValueError as e:
+        raise ValueError(f"--resume {path}: {e}") from None
+    return rs
+
+
+def _read_bag_trajectory(path, sc):
+    """An earlier run's trajectory.npz in the ``--out`` folder that ``--resume`` extends, checked
+    against the scene (film (T, N_f, 3), spheres (T, S, 3), time (T,))."""
+    tr = runfolder.read_npz(path, "--out holds")
+    missing = [k for k in ("film", "spheres", "time") if k not in tr]
+    _check(not missing, f"--out holds {path} without {', '.join(missing)}: not an `ipcjax bag` trajectory")
+    n_t, nf, ns = tr["time"].shape[0] if tr["time"].ndim == 1 else -1, len(sc["film"]), len(sc["spheres"])
+    _check(tr["time"].shape == (n_t,) and tr["film"].shape == (n_t, nf, 3) and tr["spheres"].shape == (n_t, ns, 3),
+           f"--out holds {path} with film {tr['film'].shape}, spheres {tr['spheres'].shape}, time "
+           f"{tr['time'].shape}; this scene needs (T, {nf}, 3), (T, {ns}, 3), (T,): choose another --out")
+    return tr
 
 
 def _bag(argv):
@@ -114,10 +176,10 @@ def _bag(argv):
     ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse",
                     help="Newton linear solve (default sparse: host LDLT, exact; dense: FP64 Cholesky)")
     args = ap.parse_args(argv)
-    if args.save_every < 1 or args.checkpoint_every < 1 or args.mesh_every < 0:
-        ap.error("--save-every and --checkpoint-every must be ≥ 1 and --mesh-every ≥ 0")
-
-    from tqdm import tqdm
+    _positive("--until", args.until)
+    _check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
+    _check(args.checkpoint_every >= 1, f"--checkpoint-every must be ≥ 1; got {args.checkpoint_every}")
+    _check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
 
     from ipcjax.audit import audit_trajectory
     from ipcjax.step import advance, make_state
@@ -128,23 +190,23 @@ def _bag(argv):
     choreo = sc["choreography"]
     film_idx, sph_idx = sc["film"], sc["spheres"]
     t_unfold_end = choreo.track("unfold2").t_off
-    os.makedirs(args.out, exist_ok=True)
-    traj_path = os.path.join(args.out, "trajectory.npz")
-    state_path = os.path.join(args.out, "state.npz")
 
     step_index, unfold_checked = 0, False
     if args.resume:
-        rs = np.load(args.resume)
-        if str(rs["resolution"]) != args.resolution:
-            ap.error(f"--resume state is for resolution {rs['resolution']}, not {args.resolution}")
+        rs = _read_bag_state(args.resume, sc, args.resolution)
         state = make_state(rs["x"], rs["v"], float(rs["t"]))
         step_index, unfold_checked = int(rs["step"]), bool(rs["unfold_checked"])
-        choreo.load_captures(rs)
     else:
         state = make_state(sc["x"])
+    n_total = int(round(args.until / dt))
+    _check(n_total > step_index, f"--until {args.until:g} s leaves no step to run after t = {float(state.t):.4f} s "
+                                 f"(one step is {dt:.6f} s)")
+    runfolder.prepare(args.out)
+    traj_path = os.path.join(args.out, "trajectory.npz")
+    state_path = os.path.join(args.out, "state.npz")
     frames_f, frames_s, times = [], [], []
     if args.resume and os.path.exists(traj_path):
-        tr = np.load(traj_path)
+        tr = _read_bag_trajectory(traj_path, sc)
         keep = tr["time"] <= float(state.t) + 1e-9
         frames_f, frames_s, times = list(tr["film"][keep]), list(tr["spheres"][keep]), list(tr["time"][keep])
     if not times or times[-1] < float(state.t) - 1e-9:
@@ -154,11 +216,11 @@ def _bag(argv):
     def write():
         np.savez_compressed(traj_path, film=np.stack(frames_f), spheres=np.stack(frames_s),
                             faces=sc["faces"], time=np.asarray(times))
-        np.savez(state_path, x=np.asarray(state.x), v=np.asarray(state.v), t=float(state.t), step=step_index,
-                 unfold_checked=unfold_checked, resolution=args.resolution, **choreo.captures_npz())
+        runfolder.write_state(state_path, state.x, state.v, state.t, step_index, unfold_checked,
+                              args.resolution, choreo.captures_npz())
 
-    n_total = int(round(args.until / dt))
-    bar = tqdm(total=max(n_total - step_index, 0), desc="bag", unit="step")
+    n_run = n_total - step_index
+    bar = None  # started after the first step (see _first_step_bar)
     failure, reports, capacity = None, [], None
     min_gap = np.inf
     wall0 = time.perf_counter()
@@ -175,6 +237,8 @@ def _bag(argv):
                 failure = dict(phase="unfold", time_s=t, reason=f"unfold check: {e}", columns=e.columns)
                 break
             unfold_checked = True
+        if first_step_s is None:
+            print("bag: compiling (first step)…", file=sys.stderr, flush=True)
         try:
             state_new, rep = advance(model, params, state, choreo.controls_at(step_index, t), dt, config,
                                      capacity, validate=first_step_s is None)
@@ -196,10 +260,14 @@ def _bag(argv):
             frames_f.append(x[film_idx]); frames_s.append(x[sph_idx]); times.append(float(state.t))
         if step_index % args.checkpoint_every == 0:
             write()
-        bar.update(1)
+        if bar is None:
+            bar = _first_step_bar("bag", n_run, 1)
+        else:
+            bar.update(1)
         bar.set_postfix(phase=phase, t=f"{float(state.t):.3f}s", gap=f"{rep.min_gap * 1e3:.4f}mm",
                         newton=rep.iterations, depth=rep.max_depth)
-    bar.close()
+    if bar is not None:
+        bar.close()
     wall = time.perf_counter() - wall0
     write()
     if failure:
@@ -223,10 +291,7 @@ def _bag(argv):
                    min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
     )
     summary["outputs"] = _bag_outputs(args, sc, film, sph, np.asarray(times), audit, choreo.phases)
-    summary = _finite_or_none(summary)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
+    print(runfolder.write_json(os.path.join(args.out, "summary.json"), summary))
     return 1 if failure or audit["frames_with_self_intersection"] else 0
 
 
@@ -551,6 +616,12 @@ def _compare(argv):
     args = ap.parse_args(argv)
     if args.run == bool(args.ipc or args.vbd) or (not args.run and not (args.ipc and args.vbd)):
         ap.error("give either --run or both --ipc and --vbd")
+    _positive("--until", args.until)
+    _check(args.at is None or (np.isfinite(args.at) and args.at >= 0),
+           f"--at must be a finite time ≥ 0 s; got {args.at}")
+    for flag, folder in (("--ipc", args.ipc), ("--vbd", args.vbd)):
+        _check(folder is None or os.path.isdir(folder), f"{flag} {folder}: no such folder")
+    runfolder.prepare(args.out)
 
     import platform
 
@@ -562,9 +633,9 @@ def _compare(argv):
 
         from scenes.vbd_bag import run_vbd
 
-        if importlib.util.find_spec("newton") is None:  # before the IPC run, not after it
-            print("compare --run needs Newton for the VBD run: pip install -e '.[newton]'", file=sys.stderr)
-            return 2
+        # before the IPC run, not after it
+        _check(importlib.util.find_spec("newton") is not None,
+               "--run needs Newton for the VBD run: pip install -e '.[newton]'")
         ipc_dir, vbd_dir = os.path.join(args.out, "ipc"), os.path.join(args.out, "vbd")
         t0 = time.perf_counter()
         _bag(["--resolution", args.resolution, "--until", str(args.until), "--out", ipc_dir,
@@ -584,22 +655,35 @@ def _compare(argv):
                 f"the same session or under the same load (summary.json written {stamp(ipc_dir)} for IPC, "
                 f"{stamp(vbd_dir)} for VBD).")
     t_eval = time.perf_counter()
-    try:
-        runs = {"ipcjax IPC": load_run(ipc_dir), "Newton VBD": load_run(vbd_dir)}
-        data = compare_runs(runs, args.out, args.at, timing_note=note)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"compare: {e}", file=sys.stderr)
-        return 2
+    runs = {"ipcjax IPC": load_run(ipc_dir), "Newton VBD": load_run(vbd_dir)}  # errors: see main
+    data = compare_runs(runs, args.out, args.at, timing_note=note)
     data.update(timings, evaluate_s=time.perf_counter() - t_eval, same_session=bool(args.run))
-    with open(os.path.join(args.out, "comparison.json"), "w") as f:
-        json.dump(_finite_or_none(data), f, indent=2)
+    runfolder.write_json(os.path.join(args.out, "comparison.json"), data)
     print(data["table"])
     print("\n".join(data["notes"]))
     print(f"wrote {os.path.join(args.out, 'comparison.md')}, comparison.json, comparison.png")
     return 0
 
 
+def _one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line; an OSError from the system names its file."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    else:
+        msg = str(e) or type(e).__name__
+    return " ".join(msg.split())
+
+
 def main(argv=None) -> int:
+    """Run ``ipcjax JOB [options]`` and return its exit status.
+
+    Each job checks its flags, input files and output folder before it simulates or
+    compiles anything. A mistake in the inputs (a ValueError, TypeError or OSError: a flag
+    out of range, a missing or corrupt file, an unwritable ``--out``) ends as one line on
+    stderr, ``ipcjax JOB: error: MESSAGE``, with status 2, as argparse's own errors do; a
+    step that fails (:class:`ipcjax.step.StepFailed`) ends as ``ipcjax JOB: failed: MESSAGE``
+    with status 1. Set ``IPCJAX_TRACEBACK=1`` to get the traceback instead.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     jobs = {"drape": _drape, "bag": _bag, "fit": _fit, "compare": _compare}
     try:
@@ -610,7 +694,21 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in jobs:
         print("usage: ipcjax {" + ",".join(jobs) + "} [options]   (ipcjax JOB --help for options)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return int(jobs[argv[0]](argv[1:]) or 0)
+    job = argv[0]
+    try:
+        return int(jobs[job](argv[1:]) or 0)
+    except (ValueError, TypeError, OSError) as e:
+        if os.environ.get("IPCJAX_TRACEBACK"):
+            raise
+        print(f"ipcjax {job}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        from ipcjax.step import StepFailed
+
+        if not isinstance(e, StepFailed) or os.environ.get("IPCJAX_TRACEBACK"):
+            raise
+        print(f"ipcjax {job}: failed: {_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

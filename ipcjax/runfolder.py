@@ -4,13 +4,17 @@ Every JSON file a job writes goes through :func:`write_json`, so the output is a
 valid JSON (RFC 8259 has no ``Infinity`` or ``NaN``): a non-finite float, such as the
 smallest gap of a run that measured none, is written as ``null``. :func:`prepare` makes
 the output folder and proves it writable *before* any simulation starts, so a bad
-``--out`` costs nothing.
+``--out`` costs nothing. :func:`read_npz` reads an ``.npz`` a job left (without pickle),
+and :func:`write_state` / :func:`read_state` write and check the ``state.npz`` that
+``ipcjax bag --resume`` continues from, so a bad file is refused before anything runs.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -61,3 +65,94 @@ def prepare(out) -> str:
     except OSError as e:
         raise OSError(f"cannot write the run folder {out!r}: {e.strerror or e}") from None
     return out
+
+
+class Arrays(dict):
+    """The arrays of an ``.npz`` file by name; ``files`` lists the names, as NumPy's
+    ``NpzFile`` does, so code written for ``np.load`` reads either."""
+
+    @property
+    def files(self) -> list:
+        return list(self)
+
+
+def read_npz(path, what: str = "file") -> Arrays:
+    """Every array in the ``.npz`` file at ``path``, read whole and without pickle.
+
+    Args:
+        path: the file. what: how messages name it (e.g. ``"--resume"``).
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a readable ``.npz`` (not a zip of arrays, truncated, corrupt, a
+            single ``.npy`` array, or holding object arrays, which would need pickle).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path}: no such file")
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("a single .npy array, not an .npz archive of named arrays")
+        with z:
+            return Arrays((k, np.asarray(z[k])) for k in z.files)
+    except ValueError as e:
+        if "Object arrays" in str(e):
+            raise ValueError(f"{what} {path}: holds object arrays, which only pickle could read "
+                             f"(refused)") from None
+        if "pickle" in str(e):  # np.load's words for a file that is neither .npz nor .npy
+            raise ValueError(f"{what} {path}: not an .npz file (neither a zip of arrays nor an "
+                             f".npy array)") from None
+        raise ValueError(f"{what} {path}: {e}") from None
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise ValueError(f"{what} {path}: unreadable or corrupt .npz ({type(e).__name__}: {e})") from None
+
+
+STATE_KEYS = ("x", "v", "t", "step", "unfold_checked", "resolution")  # besides capture_* arrays
+
+
+def write_state(path, x, v, t: float, step: int, unfold_checked: bool, resolution: str, captures: dict) -> None:
+    """Write the state ``ipcjax bag --resume`` continues from: positions ``x`` and
+    velocities ``v`` (N, 3) in m and m/s, time ``t`` in s, the step index, whether the
+    unfold check has passed, the scene resolution, and ``captures`` ({``capture_NAME``:
+    array}, the choreography's recorded grab positions and tie lengths)."""
+    np.savez(path, x=np.asarray(x), v=np.asarray(v), t=float(t), step=int(step),
+             unfold_checked=bool(unfold_checked), resolution=str(resolution), **captures)
+
+
+def read_state(path, n_particles: int, resolution: str | None = None, what: str = "--resume") -> Arrays:
+    """Read a :func:`write_state` file and check it against the scene it will continue.
+
+    Checks: every key of :data:`STATE_KEYS`; ``resolution`` equal to the given one; ``x``
+    and ``v`` real, finite, shaped (``n_particles``, 3); ``t`` finite and ≥ 0; ``step`` an
+    integer ≥ 0; every ``capture_*`` array real and finite. Which captures a state must
+    hold depends on the choreography; the caller checks that.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: one message naming the file and what
+            is wrong with it.
+    """
+    rs = read_npz(path, what)
+    where = f"{what} {path}"
+    missing = [k for k in STATE_KEYS if k not in rs]
+    if missing:
+        raise ValueError(f"{where}: not an `ipcjax bag` state file: missing {', '.join(missing)} "
+                         f"(it holds {', '.join(rs.files) or 'no arrays'})")
+    if resolution is not None and str(rs["resolution"]) != resolution:
+        raise ValueError(f"{where}: the state is for resolution {str(rs['resolution'])!r}, not {resolution!r}")
+    for k in ("x", "v"):
+        a = rs[k]
+        if a.shape != (n_particles, 3):
+            raise ValueError(f"{where}: {k} has shape {a.shape}; this scene needs ({n_particles}, 3)")
+    for k in [k for k in rs.files if k in ("x", "v", "t") or k.startswith("capture_")]:
+        a = rs[k]
+        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"{where}: {k} holds {a.dtype} values, not real numbers")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{where}: {k} is not finite ({int(np.size(a) - np.isfinite(a).sum())} "
+                             f"of its {np.size(a)} values)")
+    if rs["t"].shape != () or float(rs["t"]) < 0:
+        raise ValueError(f"{where}: t must be one time ≥ 0 s; got {rs['t'].tolist()}")
+    if rs["step"].shape != () or not np.issubdtype(rs["step"].dtype, np.integer) or int(rs["step"]) < 0:
+        raise ValueError(f"{where}: step must be one integer ≥ 0; got {rs['step'].tolist()}")
+    if rs["unfold_checked"].shape != () or rs["unfold_checked"].dtype != np.bool_:
+        raise ValueError(f"{where}: unfold_checked must be one true/false; got {rs['unfold_checked'].tolist()}")
+    return rs

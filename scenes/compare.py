@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ipcjax.runfolder import json_safe, write_json
+
 TIME_TOL = 1e-6  # s: frame times are multiples of 1/240 s accumulated in float64
 
 
@@ -274,21 +276,7 @@ def compare_runs(runs: dict, out: str, at: float | None = None, timing_note: str
         f.write(md)
     data = dict(instant_s=t, resolution=scene["resolution"], results=results, table=table, notes=notes,
                 markdown="comparison.md", picture=os.path.basename(png))
-    data = _json_safe(data)
-    with open(os.path.join(out, "comparison.json"), "w") as f:
-        json.dump(data, f, indent=2)
+    data = json_safe(data)
+    write_json(os.path.join(out, "comparison.json"), data)
     return data
 
-
-def _json_safe(obj):
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _json_safe(obj.tolist())
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj

@@ -58,6 +58,8 @@ import time
 
 import numpy as np
 
+from ipcjax.runfolder import dumps, json_safe, write_json
+
 FRAME_DT = 1.0 / 240.0
 SUBSTEPS = 4
 DT = FRAME_DT / SUBSTEPS           # 1/960 s (spec §1, the seed's VBD run)
@@ -272,20 +274,6 @@ class _Frames:
                             spheres=np.stack(self.spheres), faces=self.faces, time=np.asarray(self.time))
 
 
-def _json_safe(obj):
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.ndarray):
-        return _json_safe(obj.tolist())
-    return obj
-
-
 def frame_problem(film, spheres, film_v):
     """Reason string if a frame is not finite or has blown up, else None."""
     if not (np.isfinite(film).all() and np.isfinite(spheres).all() and np.isfinite(film_v).all()):
@@ -440,9 +428,8 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
                    min_film_film_m=float(np.min(audit["min_film_film"])),
                    min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
     )
-    summary = _json_safe(summary)
-    with open(os.path.join(out, "summary.json"), "w") as fh:
-        json.dump(summary, fh, indent=2)
+    summary = json_safe(summary)
+    write_json(os.path.join(out, "summary.json"), summary)
     return summary
 
 
@@ -527,8 +514,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", default=None, help="an IPC run's summary.json to compare against")
     args = ap.parse_args(argv)
     summary = run_vbd(args.resolution, args.until, args.out, args.save_every, args.iterations)
-    print(json.dumps({k: summary[k] for k in ("simulated_s", "wall_s", "steps_per_s", "failure", "audit",
-                                               "measurements")}, indent=2))
+    print(dumps({k: summary[k] for k in ("simulated_s", "wall_s", "steps_per_s", "failure", "audit",
+                                          "measurements")}))
     if args.compare:
         compare(args.compare, summary)
     return 1 if summary["failure"] else 0

@@ -1,0 +1,281 @@
+"""Bad command-line input: one line on stderr, exit status 2, before anything is simulated.
+
+Every case here must fail before the first step: ``advance`` is replaced by a function
+that fails the test, so a check that came after the simulation started would show.
+"""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from ipcjax import runfolder
+from ipcjax.cli import main
+
+BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8.50 s
+# generous for a loaded 2-core machine: the point is "before compiling" (a first step
+# compiles for 60-100 s); the bag cases include building the scene (~1.5 s)
+QUICK_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def no_simulation(monkeypatch):
+    def advance(*a, **k):
+        raise AssertionError("the job started simulating before refusing its input")
+    monkeypatch.setattr("ipcjax.step.advance", advance)
+
+
+def refused(capsys, argv, *expect):
+    """Run ``ipcjax ARGV``; assert status 2, one stderr line naming the job and containing
+    each of ``expect``, no traceback, and that it took less than QUICK_S."""
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    rc = main(argv)
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    (line,) = lines
+    assert line.startswith(f"ipcjax {argv[0]}: error: "), line
+    for e in expect:
+        assert e in line, line
+    assert took < QUICK_S, f"{took:.1f} s"
+    return line
+
+
+# --------------------------------------------------------------------------- drape
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--steps", "0"], "--steps must be ≥ 1; got 0"),
+    (["--steps", "-3"], "--steps must be ≥ 1"),
+    (["--resolution", "1"], "--resolution must be ≥ 2"),
+    (["--size", "0"], "--size must be a finite number > 0"),
+    (["--size", "nan"], "--size must be a finite number > 0; got nan"),
+    (["--radius", "-0.02"], "--radius must be a finite number > 0"),
+    (["--radius", "inf"], "--radius must be a finite number > 0; got inf"),
+])
+def test_drape_refuses_out_of_range_flags(capsys, tmp_path, flags, expect):
+    refused(capsys, ["drape", *flags, "--out", str(tmp_path / "d")], expect)
+    assert not (tmp_path / "d").exists(), "nothing is written for a refused job"
+
+
+def test_drape_refuses_an_unwritable_out_folder_before_simulating(capsys):
+    refused(capsys, ["drape", "--resolution", "4", "--steps", "2", "--out", "/proc/ipcjax-test/x"],
+            "cannot write the run folder '/proc/ipcjax-test/x'")
+
+
+def test_out_that_is_a_file_is_refused(capsys, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("not a folder")
+    refused(capsys, ["drape", "--out", str(f)], "cannot write the run folder", str(f))
+
+
+# --------------------------------------------------------------------------- bag
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--until", "-1"], "--until must be a finite number > 0; got -1.0"),
+    (["--until", "0"], "--until must be a finite number > 0"),
+    (["--until", "nan"], "--until must be a finite number > 0; got nan"),
+    (["--save-every", "0"], "--save-every must be ≥ 1"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be ≥ 1"),
+    (["--mesh-every", "-1"], "--mesh-every must be ≥ 0"),
+])
+def test_bag_refuses_out_of_range_flags(capsys, tmp_path, flags, expect):
+    refused(capsys, ["bag", "--resolution", "coarse", *flags, "--out", str(tmp_path / "b")], expect)
+    assert not (tmp_path / "b").exists(), "no run folder from zero steps"
+
+
+def test_bag_refuses_an_end_time_with_no_step_to_run(capsys, tmp_path):
+    refused(capsys, ["bag", "--resolution", "coarse", "--until", "0.001", "--out", str(tmp_path / "b")],
+            "--until 0.001 s leaves no step to run after t = 0.0000 s")
+    refused(capsys, ["bag", "--resolution", "coarse", "--resume", BAG_STATE, "--until", "8",
+                     "--out", str(tmp_path / "b")], "--until 8 s leaves no step to run after t = 8.5000 s")
+    assert not (tmp_path / "b").exists()
+
+
+def state_arrays():
+    with np.load(BAG_STATE) as z:
+        return {k: z[k] for k in z.files}
+
+
+def bad_state(tmp_path, name, **change):
+    """BAG_STATE with keys replaced (a value of None drops the key), saved as NAME."""
+    d = state_arrays()
+    for k, v in change.items():
+        if v is None:
+            del d[k]
+        else:
+            d[k] = v
+    path = tmp_path / name
+    np.savez(path, **d)
+    return path
+
+
+def x_with_nan():
+    x = state_arrays()["x"].copy()
+    x[5, 2] = np.nan
+    return x
+
+
+def corrupt(tmp_path):
+    p = tmp_path / "corrupt.npz"
+    p.write_bytes(b"not an npz\n" * 20)
+    return p
+
+
+def truncated(tmp_path):
+    p = tmp_path / "truncated.npz"
+    data = open(BAG_STATE, "rb").read()
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def only_x(tmp_path):
+    p = tmp_path / "only_x.npz"
+    np.savez(p, x=state_arrays()["x"])
+    return p
+
+
+def object_array(tmp_path):
+    p = tmp_path / "object.npz"
+    np.savez(p, x=np.array([None, 1.0], dtype=object))
+    return p
+
+
+def single_npy(tmp_path):
+    p = tmp_path / "x.npy"
+    np.save(p, state_arrays()["x"])
+    return p
+
+
+def empty(tmp_path):
+    p = tmp_path / "empty.npz"
+    p.write_bytes(b"")
+    return p
+
+
+RESUME_CASES = {
+    "missing": (lambda p: p / "nowhere.npz", "nowhere.npz: no such file"),
+    "corrupt": (corrupt, "not an .npz file"),
+    "truncated": (truncated, "unreadable or corrupt .npz"),
+    "empty": (empty, "unreadable or corrupt .npz"),
+    "object arrays": (object_array, "holds object arrays, which only pickle could read"),
+    "single .npy": (single_npy, "a single .npy array, not an .npz archive"),
+    "only x": (only_x, "not an `ipcjax bag` state file: missing v, t, step, unfold_checked, resolution"),
+    "wrong-shaped x": (lambda p: bad_state(p, "short.npz", x=state_arrays()["x"][:100]),
+                       "x has shape (100, 3); this scene needs (502, 3)"),
+    "flat x": (lambda p: bad_state(p, "flat.npz", x=state_arrays()["x"].ravel()),
+               "x has shape (1506,)"),
+    "non-finite x": (lambda p: bad_state(p, "nan.npz", x=x_with_nan()), "x is not finite (1 of its 1506 values)"),
+    "text x": (lambda p: bad_state(p, "text.npz", x=np.full((502, 3), "a")), "x holds <U1 values"),
+    "non-finite t": (lambda p: bad_state(p, "t.npz", t=np.float64(np.inf)), "t is not finite"),
+    "step against t": (lambda p: bad_state(p, "step.npz", step=np.int64(7)), "step 7 does not match t = 8.5"),
+    "missing capture": (lambda p: bad_state(p, "cap.npz", **{"capture_tie": None, "capture_cinch": None}),
+                        "missing capture_cinch, capture_tie"),
+    "wrong-shaped capture": (lambda p: bad_state(p, "capshape.npz", capture_lift=np.zeros((3, 3))),
+                             "capture 'lift' has shape (3, 3)"),
+    "other resolution": (lambda p: bad_state(p, "full.npz", resolution=np.str_("full")),
+                         "the state is for resolution 'full', not 'coarse'"),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_bag_resume_refuses_a_bad_state_file_before_anything_runs(capsys, tmp_path, case):
+    make, expect = RESUME_CASES[case]
+    path = make(tmp_path)
+    out = tmp_path / "run"
+    refused(capsys, ["bag", "--resolution", "coarse", "--resume", str(path), "--out", str(out)],
+            f"--resume {path}", expect)
+    assert not out.exists(), "a refused resume writes nothing"
+
+
+def test_bag_resume_refuses_a_corrupt_trajectory_in_its_out_folder(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trajectory.npz").write_bytes(b"garbage")
+    refused(capsys, ["bag", "--resolution", "coarse", "--resume", BAG_STATE, "--out", str(out)],
+            f"--out holds {out / 'trajectory.npz'}")
+    np.savez(out / "trajectory.npz", film=np.zeros((2, 9, 3)), spheres=np.zeros((2, 7, 3)), time=np.zeros(2))
+    refused(capsys, ["bag", "--resolution", "coarse", "--resume", BAG_STATE, "--out", str(out)],
+            "this scene needs (T, 85, 3)")
+
+
+def test_the_reference_state_passes_the_checks():
+    """The state the checks are made against is itself accepted (no false refusals)."""
+    from ipcjax.cli import _read_bag_state
+    from scenes.bag import bag_scene
+
+    sc = bag_scene("coarse")
+    rs = _read_bag_state(BAG_STATE, sc, "coarse")
+    assert int(rs["step"]) == 2040 and "tie" in sc["choreography"].captures
+
+
+def test_write_state_round_trips_through_read_state(tmp_path):
+    d = state_arrays()
+    caps = {k: v for k, v in d.items() if k.startswith("capture_")}
+    path = tmp_path / "state.npz"
+    runfolder.write_state(path, d["x"], d["v"], d["t"], d["step"], d["unfold_checked"], "coarse", caps)
+    rs = runfolder.read_state(path, len(d["x"]), "coarse")
+    assert sorted(rs.files) == sorted(d)
+    for k in d:
+        np.testing.assert_array_equal(rs[k], d[k])
+        assert rs[k].dtype == d[k].dtype, k
+
+
+# --------------------------------------------------------------------------- compare
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--ipc", "{tmp}", "--vbd", "{tmp}", "--at", "-1"], "--at must be a finite time ≥ 0 s; got -1.0"),
+    (["--ipc", "{tmp}", "--vbd", "{tmp}", "--at", "nan"], "--at must be a finite time ≥ 0 s; got nan"),
+    (["--run", "--until", "0"], "--until must be a finite number > 0; got 0.0"),
+    (["--run", "--until=-inf"], "--until must be a finite number > 0"),
+    (["--ipc", "{tmp}/nowhere", "--vbd", "{tmp}"], "nowhere: no such folder"),
+    (["--ipc", "{tmp}", "--vbd", "{tmp}"], "no trajectory.npz"),
+])
+def test_compare_refuses_bad_flags_and_folders(capsys, tmp_path, flags, expect):
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    refused(capsys, ["compare", *flags, "--out", str(tmp_path / "cmp")], expect)
+
+
+def test_compare_refuses_an_unwritable_out_folder(capsys, tmp_path):
+    refused(capsys, ["compare", "--ipc", str(tmp_path), "--vbd", str(tmp_path), "--out", "/proc/ipcjax-test"],
+            "cannot write the run folder")
+
+
+# --------------------------------------------------------------------------- main
+
+def test_usage_errors_show_a_traceback_only_when_asked(monkeypatch, capsys):
+    monkeypatch.setenv("IPCJAX_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="--steps must be ≥ 1"):
+        main(["drape", "--steps", "0"])
+
+
+def test_a_system_oserror_names_its_file(monkeypatch, capsys, tmp_path):
+    def deny(out):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "x"))
+    monkeypatch.setattr(runfolder, "prepare", deny)
+    line = refused(capsys, ["drape", "--out", str(tmp_path / "x")])
+    assert line == f"ipcjax drape: error: {tmp_path / 'x'}: Permission denied"
+
+
+# --------------------------------------------------------------------------- JSON
+
+def test_dumps_writes_strict_json():
+    def no_constants(name):
+        raise AssertionError(f"{name} in the JSON")
+
+    obj = {"inf": np.inf, "ninf": -np.inf, "nan": float("nan"), "f32": np.float32(0.5), "i64": np.int64(7),
+           "b": np.bool_(True), "a": np.array([[1.0, np.nan], [np.inf, 2.0]]), "ai": np.arange(3),
+           "t": (np.float64(1.5), None), 3: "int key"}
+    back = json.loads(runfolder.dumps(obj), parse_constant=no_constants)
+    assert back == {"inf": None, "ninf": None, "nan": None, "f32": 0.5, "i64": 7, "b": True,
+                    "a": [[1.0, None], [None, 2.0]], "ai": [0, 1, 2], "t": [1.5, None], "3": "int key"}
+
+
+def test_write_json_writes_what_it_returns(tmp_path):
+    path = tmp_path / "s.json"
+    text = runfolder.write_json(path, {"min_gap_m": np.inf})
+    assert path.read_text() == text + "\n"
+    assert json.loads(text) == {"min_gap_m": None}
