@@ -335,10 +335,34 @@ def initial_capacity(topo: ContactTopology) -> Capacity:
     """A starting capacity from the topology sizes (the host helper grows it on overflow).
 
     Active contact rows start at two per point (+64): the 481-vertex bag's 10.5 s run
-    peaks at 1,101 stencils inside d̂ (median 304) among 14–20k candidate rows.
+    peaks at 1,101 stencils inside d̂ (median 304) among 14–20k candidate rows. Sphere–face
+    rows start at 16 per sphere (+64), and at no fewer than min(S·T, 256): every
+    sphere–triangle pair of a small scene (a 10 × 10 drape over one sphere has 162 and
+    uses about 100 of them), so small scenes never start short.
     """
-    P, E, S = len(topo.points), len(topo.edges), len(topo.spheres)
-    return _resolve(Capacity(4 * P + 64, 4 * E + 64, 16 * S + 64, active=2 * P + 64), topo)
+    P, E, S, T = len(topo.points), len(topo.edges), len(topo.spheres), len(topo.triangles)
+    sf = max(16 * S + 64, min(S * T, 256))
+    return _resolve(Capacity(4 * P + 64, 4 * E + 64, sf, active=2 * P + 64), topo)
+
+
+def check_capacity(capacity) -> Capacity:
+    """Reject a capacity that cannot hold a single row (or is not a :class:`Capacity`).
+
+    Raises:
+        TypeError: not a Capacity. ValueError: vt, ee, sf or active below 1, naming it.
+    """
+    if not isinstance(capacity, Capacity):
+        raise TypeError(f"capacity must be an ipcjax.candidates.Capacity; got {type(capacity).__name__}")
+    for name in ("vt", "ee", "sf", "active"):
+        v = getattr(capacity, name)
+        if name == "active" and v is None:
+            continue
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"capacity.{name} must be an integer ≥ 1; got {v!r}")
+    for grid in (capacity.face_grid, capacity.edge_grid):
+        if grid is not None and any(not isinstance(g, (int, np.integer)) or g < 1 for g in grid):
+            raise ValueError(f"grid capacities must be integers ≥ 1; got {tuple(grid)}")
+    return capacity
 
 
 # --------------------------------------------------------------------------- query

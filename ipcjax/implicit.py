@@ -24,7 +24,12 @@ PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is 
 semidefinite, and the inertia makes it definite); the sparse path factorizes the sparse
 H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A CG solve that misses its tolerance, or a
 sparse factorization with a zero pivot (a non-positive one for the projected Hessian),
-returns a NaN cotangent rather than a silently wrong one.
+gives a NaN solution, and a host check then raises :class:`BackwardFailed` rather than
+hand back a NaN (or silently wrong) gradient.
+
+A rollout (:class:`Rollout`) never returns a failed step either: a non-zero step code
+raises :class:`RolloutFailed` naming the step and the reason, and a capacity overflow
+outside ``jit`` grows the candidate capacity and runs again.
 
 Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
 at the saved x*, so a rollout stores per step only x*, the step's inputs and its contact
@@ -35,16 +40,20 @@ row instead (both paths are compiled; only one runs), so no contact is ever left
 """
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 
+from ipcjax import candidates as _cand
 from ipcjax.ldl import sparse_solve
-from ipcjax.model import Config, Controls, Model
+from ipcjax.model import Config, Controls, Model, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, block_jacobi, pcg
 from ipcjax.potential import HessianBlocks, dense_hessian, gradient_and_blocks, hessian_matvec, incremental_potential
 from ipcjax.result import StepCode
-from ipcjax.step import recheck_rounded, result_code, solve_positions, step_context
+from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_context
 
 
 def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts, contacts0, config, active=None):
@@ -94,11 +103,14 @@ def solve_at(x, model: Model, params, controls, ctx, contacts, config: Config, r
     return jax.lax.cond(n_active <= active, lambda: u, lambda: solve_with(None)[0])
 
 
-def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"):
+def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact", with_stats: bool = False):
     """A differentiable ``solve(params, x0, v0, controls, dt) -> (x*, code)`` for one step.
 
     x* is the unrounded FP64 minimiser; ``code`` is the solve's StepCode (int32). The
-    VJP is the implicit one described in the module docstring.
+    VJP is the implicit one described in the module docstring. With ``with_stats`` it
+    returns ``(x*, code, stats)``, the solve's :class:`~ipcjax.newton.CandidateStats`
+    (what a capacity overflow needed). A backward solve that fails (a singular Hessian,
+    CG short of its tolerance) raises :class:`BackwardFailed` instead of a NaN gradient.
     """
     if hessian not in ("exact", "projected"):
         raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
@@ -107,15 +119,15 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
     def forward(params, x0, v0, controls, dt):
         x, cs, cs0, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
         code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
-        return (x, code), (cs, cs0)
+        return (x, code, sinfo.stats), (cs, cs0)
 
     @jax.custom_vjp
     def solve(params, x0, v0, controls, dt):
         return forward(params, x0, v0, controls, dt)[0]
 
     def fwd(params, x0, v0, controls, dt):
-        (x, code), (cs, cs0) = forward(params, x0, v0, controls, dt)
-        return (x, code), (x, cs, cs0, params, x0, v0, controls, dt)
+        out, (cs, cs0) = forward(params, x0, v0, controls, dt)
+        return out, (out[0], cs, cs0, params, x0, v0, controls, dt)
 
     def bwd(res, cot):
         x, cs, cs0, params, x0, v0, controls, dt = res
@@ -123,6 +135,7 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
         fp = model.free_particles
         ctx = step_context(model, params, x0, v0, controls, dt, cs0, config, active)
         u = solve_at(x, model, params, controls, ctx, cs, config, -xbar[fp].reshape(-1), hessian, active)
+        jax.debug.callback(_check_backward, jnp.all(jnp.isfinite(u)))
         G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config, active)
         _, vjp = jax.vjp(G, params, x0, v0, controls, dt)
         gp, gx0, gv0, gc, gdt = vjp(u)
@@ -130,30 +143,182 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
         return gp, gx0, gv0, gc, gdt
 
     solve.defvjp(fwd, bwd)
-    return solve
+    if with_stats:
+        return solve
+    return lambda params, x0, v0, controls, dt: solve(params, x0, v0, controls, dt)[:2]
 
 
-def make_rollout(model: Model, config: Config, capacity, *, hessian: str = "exact", round_fp32: bool = True):
+class RolloutFailed(StepFailed):
+    """A rollout step failed: ``step`` (index in the rollout), ``code`` and ``reason``.
+
+    ``needs`` holds what the failing step's candidate queries needed (n_vt, n_ee, n_sf,
+    work, n_active), from which :class:`Rollout` grows its capacity on an overflow.
+    """
+
+    def __init__(self, step: int, code: int, needs=None):
+        self.step = int(step)
+        self.needs = needs
+        reason = StepCode.describe(code)
+        msg = f"rollout step {self.step} failed: {reason}"
+        if code & StepCode.CAPACITY_OVERFLOW and needs is not None:
+            msg += (f" (candidate rows needed: vt {needs[0]}, ee {needs[1]}, sf {needs[2]}, active {needs[4]}; "
+                    "called outside jit, a Rollout grows its capacity and runs again; under jit, call it "
+                    "once outside jit first, or build it with a larger capacity)")
+        super().__init__(msg, code)
+        self.reason = reason
+
+
+class BackwardFailed(RuntimeError):
+    """The implicit backward solve of a step failed: its gradient would be NaN."""
+
+
+_LAST_FAILURE: list = [None]  # the exception a check raised last (see rollout_failure)
+
+
+def rollout_failure(exc: BaseException):
+    """The :class:`RolloutFailed` or :class:`BackwardFailed` behind ``exc``, or None.
+
+    Outside jit a rollout raises its failure directly; inside a jitted function JAX
+    reports it as a ``JaxRuntimeError`` whose text carries the message. This maps either
+    back to the original exception (with ``step``, ``code``, ``needs``).
+    """
+    if isinstance(exc, (RolloutFailed, BackwardFailed)):
+        return exc
+    last = _LAST_FAILURE[0]
+    if last is not None and str(last) in str(exc):
+        return last
+    return None
+
+
+def _raise(err):
+    _LAST_FAILURE[0] = err
+    raise err
+
+
+def _check_backward(finite):
+    if not np.all(np.asarray(finite)):
+        _raise(BackwardFailed("the implicit backward solve of a rollout step failed (the Hessian at x* "
+                              "is singular, or CG missed its tolerance): the gradient would be NaN"))
+
+
+def _check_codes(codes, n_vt, n_ee, n_sf, work, n_active):
+    """Host check after a rollout: raise :class:`RolloutFailed` at the first failed step."""
+    codes = np.asarray(codes)
+    T = codes.shape[-1]
+    flat = codes.reshape(-1, T)
+    bad = np.argwhere(flat != 0)
+    if not bad.size:
+        return
+    b, i = (int(v) for v in bad[0])
+    pick = lambda a: np.asarray(a).reshape((-1, T) + np.shape(a)[codes.ndim:])[b, i]
+    needs = (int(pick(n_vt)), int(pick(n_ee)), int(pick(n_sf)), pick(work), int(pick(n_active)))
+    _raise(RolloutFailed(i, int(flat[b, i]), needs))
+
+
+class _QuietChecks(logging.Filter):
+    """JAX logs every exception a debug callback raises; ours reach the caller anyway."""
+
+    def filter(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, (RolloutFailed, BackwardFailed))
+
+
+logging.getLogger("jax._src.debugging").addFilter(_QuietChecks())
+
+
+class Rollout:
     """A differentiable rollout ``(params, x0, v0, controls_seq, dt) -> (frames, velocities, codes)``.
 
     ``controls_seq`` is a :class:`Controls` whose leaves carry a leading time axis (T, …),
     so supports, ties and forces can be time-indexed. The loop is a ``lax.scan`` over the
-    implicit-VJP step; a failed step (non-zero code) keeps its input state and the code
-    is returned per step, so the host can stop with the step index and reason.
-    Returns frames (T, N, 3), velocities (T, N, 3) (FP64; FP32-rounded values when
-    ``round_fp32``) and codes (T,) int32.
+    implicit-VJP step. Returns frames (T, N, 3), velocities (T, N, 3) (FP64; FP32-rounded
+    values when ``round_fp32``) and codes (T,) int32, all zero: a rollout never returns a
+    failed step.
+
+    * **Failures raise.** After the scan a host check (``jax.debug.callback``) raises
+      :class:`RolloutFailed` naming the first failed step and its reason. This holds under
+      ``jax.grad``, ``vmap`` and ``jit`` alike; inside a jitted function JAX reports it as
+      a ``JaxRuntimeError`` carrying the same message (:func:`rollout_failure` maps it
+      back). A failed backward solve raises :class:`BackwardFailed`.
+    * **Capacity follows the trajectory.** ``capacity=None`` starts from
+      :func:`~ipcjax.candidates.initial_capacity`. Called outside ``jit`` (plain calls and
+      ``jax.grad`` of them), a capacity overflow grows the capacity above what the
+      failing step needed and runs again, up to ``max_regrow`` times; ``self.capacity``
+      keeps the grown value. Under ``jit`` the overflow raises; call the rollout once
+      outside jit first (at the start parameters) to size it.
+    * **Inputs are checked** on the host when concrete: parameters are canonicalised to
+      float64 (:func:`~ipcjax.model.check_params`, so a weak-typed or float32 leaf never
+      recompiles) and checked against their ranges, dt > 0, the controls' shapes and
+      indices, x₀ and v₀ shapes and finiteness.
     """
-    solve = make_solve(model, config, capacity, hessian=hessian)
+
+    def __init__(self, model: Model, config: Config, capacity=None, *, hessian: str = "exact",
+                 round_fp32: bool = True, max_regrow: int = 6):
+        if hessian not in ("exact", "projected"):
+            raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+        self.model, self.config, self.hessian, self.round_fp32 = model, config, hessian, round_fp32
+        self.capacity = _cand.initial_capacity(model.topology) if capacity is None else _cand.check_capacity(capacity)
+        self.max_regrow = int(max_regrow)
+        self._compiled = {}
+
+    def _scan(self, capacity):
+        """The jitted rollout at ``capacity`` (jitted here, so repeated plain and ``jax.grad``
+        calls reuse one compilation instead of retracing the scan each time)."""
+        if capacity not in self._compiled:
+            self._compiled[capacity] = jax.jit(
+                _rollout_fn(self.model, self.config, capacity, self.hessian, self.round_fp32))
+        return self._compiled[capacity]
+
+    def _check_inputs(self, params, x0, v0, controls_seq, dt):
+        params = check_params(params)
+        check_dt(dt)
+        check_controls(self.model, controls_seq, time_axis=True)
+        n = self.model.n_particles
+        for name, a in (("x0", x0), ("v0", v0)):
+            if np.shape(a) != (n, 3):
+                raise ValueError(f"{name} must have shape ({n}, 3); got {np.shape(a)}")
+            if not isinstance(a, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(a))):
+                raise ValueError(f"{name} must be finite")
+        return params
+
+    def __call__(self, params, x0, v0, controls_seq, dt):
+        params = self._check_inputs(params, x0, v0, controls_seq, dt)
+        x0, v0 = jnp.asarray(x0, jnp.float64), jnp.asarray(v0, jnp.float64)
+        for attempt in range(self.max_regrow + 1):
+            try:
+                return self._scan(self.capacity)(params, x0, v0, controls_seq, dt)
+            except Exception as exc:  # raised here only outside jit; under jit it surfaces at run time
+                failure = rollout_failure(exc)
+                if failure is None:
+                    raise
+                if (not isinstance(failure, RolloutFailed) or not failure.code & StepCode.CAPACITY_OVERFLOW
+                        or attempt == self.max_regrow):
+                    raise failure from None
+                n_vt, n_ee, n_sf, work, n_active = failure.needs
+                self.capacity = _cand.grow_capacity(self.capacity, n_vt, n_ee, n_sf, work, n_active)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def make_rollout(model: Model, config: Config, capacity=None, *, hessian: str = "exact",
+                 round_fp32: bool = True, max_regrow: int = 6) -> Rollout:
+    """A differentiable :class:`Rollout` (see there: failures raise, capacity grows)."""
+    return Rollout(model, config, capacity, hessian=hessian, round_fp32=round_fp32, max_regrow=max_regrow)
+
+
+def _rollout_fn(model: Model, config: Config, capacity, hessian: str, round_fp32: bool):
+    """The scanned rollout at one static capacity, with the host check of its codes."""
+    solve = make_solve(model, config, capacity, hessian=hessian, with_stats=True)
 
     def rollout(params, x0, v0, controls_seq, dt):
         dt = jnp.asarray(dt, jnp.float64)
 
         def body(carry, ctl):
             x, v = carry
-            x_new, code = solve(params, x, v, ctl, dt)
+            x_new, code, stats = solve(params, x, v, ctl, dt)
             if round_fp32:
                 x32 = x_new.astype(jnp.float32)
                 gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
+                stats = stats.merge(st)
                 code = code | jnp.where(gap <= 0, int(StepCode.GAP_LOST_IN_ROUNDING), 0).astype(jnp.int32)
                 code = code | jnp.where(st.overflow, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
                 x_new = x32.astype(jnp.float64)
@@ -161,10 +326,11 @@ def make_rollout(model: Model, config: Config, capacity, *, hessian: str = "exac
             ok = code == 0
             x_out = jnp.where(ok, x_new, x)
             v_out = jnp.where(ok, v_new, v)
-            return (x_out, v_out), (x_out, v_out, code)
+            return (x_out, v_out), (x_out, v_out, code, stats)
 
-        _, (frames, vels, codes) = jax.lax.scan(body, (jnp.asarray(x0, jnp.float64), jnp.asarray(v0, jnp.float64)),
-                                                controls_seq)
+        x0 = jnp.asarray(x0, jnp.float64)
+        _, (frames, vels, codes, stats) = jax.lax.scan(body, (x0, jnp.asarray(v0, jnp.float64)), controls_seq)
+        jax.debug.callback(_check_codes, codes, stats.n_vt, stats.n_ee, stats.n_sf, stats.work, stats.n_active)
         return frames, vels, codes
 
     return rollout

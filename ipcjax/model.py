@@ -1,4 +1,4 @@
-"""Model inputs (spec §1): static topology and rest data, differentiable parameters, controls, state.
+"""Model inputs (docs/spec.md): static topology and rest data, differentiable parameters, controls, state.
 
 The split follows the static/dynamic rule of the library:
 
@@ -72,13 +72,86 @@ class Params(NamedTuple):
 
     @staticmethod
     def film_defaults(**overrides) -> "Params":
-        """The bag film of the spec: 30 µm, E = 315 MPa, ν = 0.45, μf = 0.35, k = 1000 N/m."""
+        """The bag film (docs/spec.md): 30 µm, E = 315 MPa, ν = 0.45, μf = 0.35, k = 1000 N/m.
+
+        Raises:
+            ValueError: an override outside its physical range (see :func:`check_params`).
+        """
         base = dict(
             youngs_modulus=315e6, poisson=0.45, thickness=30e-6, bending_scale=1.0,
             friction=0.35, barrier_stiffness=1000.0, gravity=(0.0, 0.0, -9.81), drag=12.0,
         )
+        unknown = sorted(set(overrides) - set(base))
+        if unknown:
+            raise TypeError(f"unknown parameter(s) {', '.join(unknown)}; Params has {', '.join(base)}")
         base.update(overrides)
-        return Params(**{k: jnp.asarray(v, dtype=jnp.float64) for k, v in base.items()})
+        return check_params(Params(**base))
+
+
+#: Each parameter's physical range, as (test, description) on its value.
+PARAM_RANGES = {
+    "youngs_modulus": (lambda v: v > 0, "> 0 Pa"),
+    "poisson": (lambda v: -1.0 < v < 0.5, "in (−1, 0.5)"),
+    "thickness": (lambda v: v > 0, "> 0 m"),
+    "bending_scale": (lambda v: v >= 0, "≥ 0"),
+    "friction": (lambda v: v >= 0, "≥ 0"),
+    "barrier_stiffness": (lambda v: v > 0, "> 0 N/m"),
+    "gravity": (lambda v: True, "finite, m/s²"),
+    "drag": (lambda v: v >= 0, "≥ 0 1/s"),
+}
+
+
+def _is_traced(a) -> bool:
+    return isinstance(a, jax.core.Tracer)
+
+
+def check_params(params: Params) -> Params:
+    """Canonicalise ``params`` to strongly typed float64 leaves and check their ranges.
+
+    Every leaf becomes a float64 array of its field's shape (``gravity`` (3,), the rest
+    scalars), so a Python float, a weak-typed or a float32 leaf never retraces a jitted
+    rollout. Concrete values must be finite and inside :data:`PARAM_RANGES`; traced values
+    (inside ``jit``/``grad``) are only cast, since their values are not known.
+
+    Raises:
+        TypeError: ``params`` is not a :class:`Params`, or a leaf is not a real number.
+        ValueError: a wrong shape, a non-finite value or a value out of range, naming
+            the parameter.
+    """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be an ipcjax.model.Params; got {type(params).__name__}")
+    out = {}
+    for name, v in params._asdict().items():
+        shape = (3,) if name == "gravity" else ()
+        if not _is_traced(v):
+            a = np.asarray(v)
+            if a.dtype == object or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise TypeError(f"parameter {name} must be a real number; got {a!r} of dtype {a.dtype}")
+        if np.shape(v) != shape:
+            raise ValueError(f"parameter {name} must have shape {shape}; got {np.shape(v)}")
+        if not _is_traced(v):
+            a = np.asarray(v, np.float64)
+            ok, rule = PARAM_RANGES[name]
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"parameter {name} must be finite; got {a.tolist()}")
+            if not ok(a if shape else float(a)):
+                raise ValueError(f"parameter {name} must be {rule}; got {a.tolist()}")
+        out[name] = jnp.asarray(v, dtype=jnp.float64)
+    return Params(**out)
+
+
+def check_dt(dt) -> float | jnp.ndarray:
+    """A timestep that is finite and > 0 (s); traced values pass through unchanged.
+
+    Raises:
+        ValueError: dt ≤ 0, non-finite, or not a scalar.
+    """
+    if _is_traced(dt):
+        return dt
+    a = np.asarray(dt)
+    if a.shape != () or a.dtype == object or not np.isfinite(a) or not float(a) > 0:
+        raise ValueError(f"dt must be a finite scalar > 0 s; got {dt!r}")
+    return dt
 
 
 class Controls(NamedTuple):
@@ -106,6 +179,55 @@ class Controls(NamedTuple):
             force=jnp.zeros((n_particles, 3)),
             tolerance=jnp.asarray(tolerance, jnp.float64),
         )
+
+
+def check_controls(model: "Model", controls: Controls, *, time_axis: bool = False) -> Controls:
+    """Check a :class:`Controls` (or a time-indexed one, ``time_axis=True``) on the host.
+
+    Support and tie indices must name particles of ``model``; stiffnesses, rest lengths
+    and the tolerance must be finite with k ≥ 0, lengths ≥ 0 and tolerance > 0 m;
+    targets and forces finite, forces of shape (N, 3). Traced controls pass unchecked.
+
+    Raises:
+        TypeError: not a Controls. ValueError: naming the field and the first bad entry.
+    """
+    if not isinstance(controls, Controls):
+        raise TypeError(f"controls must be an ipcjax.model.Controls; got {type(controls).__name__}")
+    if any(_is_traced(a) for a in controls):
+        return controls
+    n = model.n_particles
+    lead = 1 if time_axis else 0
+    c = {k: np.asarray(v) for k, v in controls._asdict().items()}
+    if time_axis:
+        steps = {v.shape[0] if v.ndim else None for v in c.values()}
+        if len(steps) != 1 or None in steps:
+            raise ValueError(f"time-indexed controls need one leading time axis on every field; got shapes "
+                             f"{ {k: v.shape for k, v in c.items()} }")
+    expect = dict(support_index=("K",), support_k=("K",), support_target=("K", 3), tie_pairs=("Q", 2),
+                  tie_k=("Q",), tie_length=("Q",), force=(n, 3), tolerance=())
+    sizes = {}
+    for k, want in expect.items():
+        shape = c[k].shape[lead:]
+        ok = len(shape) == len(want)
+        for got, w in zip(shape, want):
+            if isinstance(w, str):
+                ok = ok and sizes.setdefault(w, got) == got
+            else:
+                ok = ok and got == w
+        if not ok:
+            raise ValueError(f"controls.{k} must have shape {('T',) * lead + want}; got {c[k].shape}")
+        if not np.all(np.isfinite(c[k])):
+            raise ValueError(f"controls.{k} must be finite")
+    for k in ("support_index", "tie_pairs"):
+        if c[k].size and (not np.issubdtype(c[k].dtype, np.integer) or c[k].min() < 0 or c[k].max() >= n):
+            raise ValueError(f"controls.{k} must hold particle indices in [0, {n}); got values in "
+                             f"[{c[k].min()}, {c[k].max()}] of dtype {c[k].dtype}")
+    for k in ("support_k", "tie_k", "tie_length"):
+        if (c[k] < 0).any():
+            raise ValueError(f"controls.{k} must be ≥ 0; got {c[k].min()}")
+    if not (c["tolerance"] > 0).all():
+        raise ValueError(f"controls.tolerance must be > 0 m; got {c['tolerance'].min()}")
+    return controls
 
 
 class State(NamedTuple):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ipcjax import candidates as _cand
 from ipcjax.energies.inertia import inertial_target
-from ipcjax.model import Config, Controls, Model, Params, State
+from ipcjax.model import Config, Controls, Model, Params, State, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, newton_solve, query_contacts
 from ipcjax.potential import StepContext, contact_gaps, friction_set
 from ipcjax.result import RETRYABLE, StepCode
@@ -143,16 +143,27 @@ class StepReport(NamedTuple):
 
 
 def validate_state(model: Model, state: State):
-    """Reject wrong shapes and non-finite positions/velocities with a clear ValueError."""
+    """Reject a wrong type, shapes or dtypes and non-finite positions, velocities or time.
+
+    Raises:
+        TypeError: not a :class:`State`, or a non-real dtype. ValueError: a wrong shape
+            or a non-finite entry, naming the first one.
+    """
+    if not isinstance(state, State):
+        raise TypeError(f"state must be an ipcjax.model.State (see make_state); got {type(state).__name__}")
     n = model.n_particles
     for name, a in (("x", state.x), ("v", state.v)):
         a = np.asarray(a)
+        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)) or a.dtype == bool:
+            raise TypeError(f"state.{name} must be a real float array; got dtype {a.dtype}")
         if a.shape != (n, 3):
             raise ValueError(f"state.{name} must have shape ({n}, 3); got {a.shape}")
         bad = ~np.isfinite(a).all(axis=1)
         if bad.any():
             i = int(np.argwhere(bad)[0, 0])
             raise ValueError(f"state.{name}[{i}] is not finite: {a[i]}")
+    if np.shape(state.t) != () or not np.isfinite(np.asarray(state.t, np.float64)):
+        raise ValueError(f"state.t must be a finite scalar time in s; got {state.t!r}")
 
 
 @partial(jax.jit, static_argnames=("capacity",))
@@ -221,9 +232,22 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
     Returns (state, report). On failure after all subdivisions, or on a non-retryable
     failure (initial overlap, factorization failure, non-finite values), the returned
     state is the input state and ``report.ok`` is False with the reason.
+
+    The parameters are canonicalised (:func:`ipcjax.model.check_params`) and dt checked on
+    every call; with ``validate`` (the default) the controls, the state and its geometry are
+    checked too (:func:`check_controls`, :func:`validate_state`, :func:`check_geometry`).
+
+    Raises:
+        TypeError, ValueError: bad input (out-of-range parameters, dt ≤ 0, wrong shapes,
+            non-finite values, indices out of range, initial overlap), before any solve.
     """
     t_start = time.perf_counter()
+    params = check_params(params)
+    dt = float(check_dt(dt))
+    if capacity is not None:
+        _cand.check_capacity(capacity)
     if validate:
+        check_controls(model, controls)
         validate_state(model, state)
         capacity = check_geometry(model, state.x, config, capacity)
     if capacity is None:
@@ -277,9 +301,13 @@ def simulate(model: Model, params: Params, state: State, controls, steps: int, d
     Returns:
         (frames (steps+1, N, 3) float32, times (steps+1,), reports list).
     Raises:
+        ValueError, TypeError: bad input (``steps`` < 1, and see :func:`advance`).
         StepFailed: naming the step index, the time and the reason; the frames written so
             far are attached as ``.frames``.
     """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an integer ≥ 1; got {steps!r}")
+    check_dt(dt)
     get = controls if callable(controls) else (lambda i, t: controls)
     frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
     capacity = None

@@ -31,7 +31,10 @@ SCRIPT = textwrap.dedent("""
     assert len(out.sharding.device_set) == 2
     assert np.all(np.asarray(codes) == 0)
     single = np.array([float(jax.jit(tipz)(Params.film_defaults(bending_scale=s))[0]) for s in scales])
-    assert np.max(np.abs(np.asarray(out) - single)) < 1e-14
+    # the sharded, vmapped program sums in another order than the single runs; round-off then
+    # moves each Newton iterate, and two runs may stop an iteration apart, each within the
+    # Newton tolerance (1e-10 m) of the minimiser: so they agree to that per step, not to eps
+    assert np.max(np.abs(np.asarray(out) - single)) < len(ctl.tolerance) * 1e-10
     assert np.all(np.diff(np.asarray(out)) > 0)  # stiffer film droops less
     print("ok")
 """)
