@@ -115,7 +115,7 @@ from typing import NamedTuple
 import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64)
-from ipcjax.model import Config, Controls, Params, build_model
+from ipcjax.model import Config, Controls, Params, build_model, check_params
 from scenes.film import FILM_DENSITY, FILM_THICKNESS, lumped_mass
 
 DT = 1.0 / 240.0
@@ -655,7 +655,7 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     model = build_model(x, mesh.triangles, mass, obstacle_triangles=obstacles,
                         fixed=fixed, radius=radius)
     # build_model takes its rest shape from x; the flat disk at z = FILM_Z0 is congruent to the mesh.
-    params = Params.film_defaults() if params is None else params
+    params = Params.film_defaults() if params is None else check_params(params)
     config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150,
                     linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)

@@ -15,8 +15,11 @@ def film_grid(n: int, size: float, z: float = 0.0, center=(0.0, 0.0)):
 
     Returns (positions (n², 3), triangles (2(n−1)², 3) int32).
     """
-    if n < 2:
-        raise ValueError(f"a film grid needs n ≥ 2 vertices per side; got {n}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise ValueError(f"a film grid needs an integer n ≥ 2 vertices per side; got {n!r}")
+    require_positive(size=size)
+    if not np.isfinite(z):
+        raise ValueError(f"z must be finite; got {z}")
     s = np.linspace(-size / 2, size / 2, n)
     X, Y = np.meshgrid(s + center[0], s + center[1], indexing="xy")
     pos = np.stack([X.ravel(), Y.ravel(), np.full(n * n, z)], axis=1)
@@ -31,8 +34,20 @@ def film_grid(n: int, size: float, z: float = 0.0, center=(0.0, 0.0)):
     return pos, np.asarray(tris, np.int32)
 
 
+def require_positive(**values):
+    """Raise ValueError naming the first of ``values`` that is not a finite number > 0."""
+    for name, v in values.items():
+        try:
+            ok = bool(np.isfinite(v) and v > 0)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
+
+
 def lumped_mass(pos, tris, areal_density=FILM_THICKNESS * FILM_DENSITY):
-    """Per-vertex mass (kg): one third of each adjacent triangle's area times areal density."""
+    """Per-vertex mass (kg): one third of each adjacent triangle's area times areal density (kg/m²)."""
+    require_positive(areal_density=areal_density)
     a = 0.5 * np.linalg.norm(np.cross(pos[tris[:, 1]] - pos[tris[:, 0]], pos[tris[:, 2]] - pos[tris[:, 0]]), axis=1)
     m = np.zeros(len(pos))
     np.add.at(m, tris.reshape(-1), np.repeat(a / 3.0, 3) * areal_density)
@@ -44,7 +59,11 @@ def drape_scene(n: int = 10, size: float = 0.08, sphere_radius: float = 0.02, ga
     """A film grid held flat just above a fixed sphere (and optionally a floor).
 
     Returns a dict with the model, initial positions and the sphere index.
+
+    Raises:
+        ValueError: n < 2, or a size, radius or gap that is not a finite number > 0.
     """
+    require_positive(size=size, sphere_radius=sphere_radius, gap=gap)
     pos, tris = film_grid(n, size, z=sphere_radius + gap)
     mass = list(lumped_mass(pos, tris))
     x = [*pos]

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64)
-from ipcjax.model import Config, Controls, Params, build_model
+from ipcjax.model import Config, Controls, Params, build_model, check_controls, check_dt
 from scenes.bag import SPHERE_DENSITY, bag_mesh, ring_index, smoothstep
 from scenes.film import lumped_mass
 
@@ -118,6 +118,13 @@ def pouch_scene(columns: int = 8, n_cinch: int = 5, n_tie: int = 3, n_release: i
     phases = (n_cinch, n_tie, n_release, n_settle)
     if min(phases) < 1:
         raise ValueError(f"every phase needs ≥ 1 step; got cinch, tie, release, settle = {phases}")
+    check_dt(dt)
+    for name, v in dict(offset=offset, pinch=pinch, k_neck=k_neck, k_rim=k_rim, k_tie=k_tie, tie_ratio=tie_ratio,
+                        tolerance=tolerance).items():
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
+    if not (np.isfinite(drag) and np.isfinite(lift)):
+        raise ValueError(f"drag and lift must be finite; got {drag!r}, {lift!r}")
     steps = sum(phases)
     mesh = bag_mesh(RINGS, columns)
     prof, zc = pouch_profile(offset=offset)
@@ -176,7 +183,8 @@ def pouch_scene(columns: int = 8, n_cinch: int = 5, n_tie: int = 3, n_release: i
     # a rollout that overflows says so in its codes (CAPACITY_OVERFLOW)
     capacity = Capacity(vt=414, ee=942, sf=294, face_grid=GridCapacity(2616, 8316, 6264),
                         edge_grid=GridCapacity(3228, 3228, 15840)) if columns == 8 else None
-    return dict(model=model, capacity=capacity, x=x, v=np.zeros_like(x), controls=stack_controls(ctls), controls_list=ctls, dt=dt,
+    controls = check_controls(model, stack_controls(ctls), time_axis=True)
+    return dict(model=model, capacity=capacity, x=x, v=np.zeros_like(x), controls=controls, controls_list=ctls, dt=dt,
                 neck=neck, rim=rim, sphere=sphere, film_triangles=tris, n_film=n_film,
                 params=Params.film_defaults(), config=Config())
 
