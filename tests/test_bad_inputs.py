@@ -192,3 +192,50 @@ def test_overlapping_sheets_are_refused_naming_the_primitives(two_sheets, dz, dx
         advance(model, Params.film_defaults(), make_state(y), Controls.empty(model.n_particles), 1 / 240,
                 Config())
     np.testing.assert_array_equal(y, before)
+
+
+# --------------------------------------------------------------- files: states
+
+N_STATE = 12
+
+
+def _valid_state(path):
+    from ipcjax.runfolder import write_state
+    x = np.linspace(0.0, 1.0, N_STATE * 3).reshape(N_STATE, 3)
+    write_state(path, x, np.zeros_like(x), 0.5, 120, True, "coarse", {"capture_tie": np.ones(4)})
+
+
+@settings(deadline=2000, max_examples=40)
+@given(data=st.data())
+def test_corrupt_or_truncated_state_files_are_refused_naming_the_file(tmp_path_factory, data):
+    """A state file cut short, overwritten with junk, missing an array, or holding an array
+    of the wrong shape, dtype or values gets one ValueError naming the file."""
+    from ipcjax.runfolder import read_state, write_state
+    path = str(tmp_path_factory.mktemp("state") / "state.npz")
+    _valid_state(path)
+    read_state(path, N_STATE, "coarse")  # the untouched file reads
+    raw = open(path, "rb").read()
+    kind = data.draw(st.sampled_from(["truncate", "junk", "drop", "shape", "nan", "dtype", "resolution"]))
+    x = np.linspace(0.0, 1.0, N_STATE * 3).reshape(N_STATE, 3)
+    fields = dict(x=x, v=np.zeros_like(x), t=0.5, step=120, unfold_checked=True, resolution="coarse")
+    if kind == "truncate":
+        open(path, "wb").write(raw[:data.draw(st.integers(0, len(raw) - 1))])
+    elif kind == "junk":
+        open(path, "wb").write(data.draw(st.binary(min_size=0, max_size=400)))
+    else:
+        if kind == "drop":
+            fields.pop(data.draw(st.sampled_from(sorted(fields))))
+        elif kind == "shape":
+            rows = data.draw(st.integers(0, 30).filter(lambda m: m != N_STATE))
+            fields[data.draw(st.sampled_from(["x", "v"]))] = np.zeros((rows, data.draw(st.integers(1, 4))))
+        elif kind == "nan":
+            bad = np.array(x, copy=True)
+            bad[data.draw(st.integers(0, N_STATE - 1)), data.draw(st.integers(0, 2))] = data.draw(BAD_FLOATS)
+            fields[data.draw(st.sampled_from(["x", "v"]))] = bad
+        elif kind == "dtype":
+            fields["x"] = np.full((N_STATE, 3), "a")
+        else:
+            fields["resolution"] = "full"
+        np.savez(path, **fields)
+    with pytest.raises((ValueError, FileNotFoundError), match="state.npz"):
+        read_state(path, N_STATE, "coarse")
