@@ -317,185 +317,6 @@ def _bag_outputs(args, sc, film, sph, times, audit, phases):
     return out
 
 
-POUCH_PARAMS = ("youngs_modulus", "friction", "bending_scale")
-
-
-def _pouch_targets(args, ap):
-    """Measured (neck x, neck y, flap) in m from --targets JSON or the flags; None if absent."""
-    flags = (args.neck_x, args.neck_y, args.flap)
-    if args.targets:
-        with open(args.targets) as f:
-            d = json.load(f)
-        d = d.get("measurements", d)  # an `ipcjax bag` summary.json works as is
-        if "neck_width_mm" in d:
-            t = [1e-3 * d["neck_width_mm"][0], 1e-3 * d["neck_width_mm"][1], 1e-3 * d["flap_height_mm"]]
-        else:
-            try:
-                t = [d["neck_x_m"], d["neck_y_m"], d["flap_m"]]
-            except KeyError as e:
-                ap.error(f"--targets needs neck_x_m, neck_y_m, flap_m (m) or neck_width_mm, flap_height_mm; missing {e}")
-    elif any(v is not None for v in flags):
-        if any(v is None for v in flags):
-            ap.error("give all three of --neck-x, --neck-y and --flap")
-        t = list(flags)
-    else:
-        return None
-    t = np.asarray(t, np.float64)
-    if t.shape != (3,) or not np.all(np.isfinite(t)) or t[0] <= 0 or t[1] <= 0:
-        ap.error(f"targets must be finite with positive neck widths; got {t.tolist()}")
-    return t
-
-
-def _fit_pouch(args, ap):
-    """Default ``ipcjax fit``: E, μf, kθ from the pouch's neck width (x, y) and flap height."""
-    import jax
-    import jax.numpy as jnp
-
-    from ipcjax.candidates import initial_capacity
-    from ipcjax.implicit import make_rollout
-    from scenes.pouch import measure as pouch_measure, pouch_scene
-
-    measured = _pouch_targets(args, ap)  # bad targets fail before any compilation
-    t_start = time.perf_counter()
-    sc = pouch_scene()
-    m = sc["model"]
-    cap = sc["capacity"] or initial_capacity(m.topology)
-    roll = make_rollout(m, sc["config"], cap, round_fp32=False)
-    x0, ctl, dt = jnp.asarray(sc["x"]), sc["controls"], sc["dt"]
-    neck, rim = sc["neck"], sc["rim"]
-
-    @jax.jit
-    def rollout(p):
-        frames, _, codes = roll(p, x0, jnp.zeros_like(x0), ctl, dt)
-        return frames[-1:], codes  # the measurements need the final frame only
-
-    measure = lambda frames: pouch_measure(frames[-1], neck, rim)
-    return _fit_shape(args, "pouch", rollout, measure, sc["params"], measured, t_start, {})
-
-
-def _fit_bag(args, ap):
-    """``ipcjax fit --scene bag``: E, μf, kθ from the bag's neck and flap over a window of
-    steps from a saved ``ipcjax bag`` state (see ``fitting.bag``)."""
-    import jax
-    import jax.numpy as jnp
-
-    from fitting.bag import WindowFailed, bag_window
-    from ipcjax.implicit import make_rollout
-    from scenes.pouch import measure as shape_measure
-
-    measured = _pouch_targets(args, ap)
-    t_start = time.perf_counter()
-    try:
-        w = bag_window(args.state, args.window)
-    except (ValueError, WindowFailed) as e:
-        print(f"fit: {e}", file=sys.stderr)
-        return 1
-    sc = w["scene"]
-    roll = make_rollout(sc["model"], w["rollout_config"], w["capacity"], round_fp32=False)
-    x0, v0, ctl, dt = jnp.asarray(w["x0"]), jnp.asarray(w["v0"]), w["controls"], w["dt"]
-    neck, rim = jnp.asarray(sc["neck"]), jnp.asarray(sc["rim"])
-
-    @jax.jit
-    def rollout(p):
-        frames, _, codes = roll(p, x0, v0, ctl, dt)
-        return frames[-1:], codes
-
-    measure = lambda frames: shape_measure(frames[-1], neck, rim)
-    extra = dict(state=os.path.abspath(args.state), resolution=sc["resolution"],
-                 window=dict(steps=args.window, t0_s=w["t0"], t1_s=w["t1"], phases=w["phases"]))
-    return _fit_shape(args, "bag", rollout, measure, w["params"], measured, t_start, extra)
-
-
-def _fit_shape(args, scene, rollout, measure, known, measured, t_start, extra):
-    """Fit E, μf and kθ (alone or jointly) to (neck x, neck y, flap) of ``rollout``'s last frame."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    from fitting.fit import FitFailed, fit, gauss_newton_bfgs, plot_history
-    from ipcjax.result import StepCode
-
-    scale = 1e-3  # residuals in mm
-
-    def measure_z(z):  # measurements as a function of (log E, log μf, log kθ)
-        p = known._replace(**{n: jnp.exp(z[i]) for i, n in enumerate(POUCH_PARAMS)})
-        frames, codes = rollout(p)
-        y = measure(frames)
-        return y, (y, codes)
-
-    # the jacobian at the known parameters gives the synthetic targets and the
-    # identifiability evidence; each fit's Gauss–Newton steps use the jacobian at its own
-    # start instead, so the optimizer never sees the answer
-    jac = jax.jit(jax.jacrev(measure_z, has_aux=True))
-    z_known = jnp.log(jnp.asarray([float(getattr(known, n)) for n in POUCH_PARAMS]))
-    J, (y_known, codes) = jac(z_known)
-    codes = np.asarray(codes)
-    if codes.any():
-        i = int(np.flatnonzero(codes)[0])
-        print(f"fit: the {scene} rollout at the known parameters failed at step {i}: "
-              f"{StepCode.describe(int(codes[i]))}", file=sys.stderr)
-        return 1
-    J = np.asarray(J) / scale  # mm per unit log-parameter
-    U, sv, Vt = np.linalg.svd(J)
-    synthetic = measured is None
-    target = np.asarray(y_known) if synthetic else measured
-
-    if args.joint:
-        groups = [list(POUCH_PARAMS)]
-    elif args.param:
-        groups = [[args.param]]
-    else:
-        groups = [[n] for n in POUCH_PARAMS]
-    os.makedirs(args.out, exist_ok=True)
-    fits = []
-    for names in groups:
-        cols = [POUCH_PARAMS.index(n) for n in names]
-        start = {n: (args.start if args.start is not None and len(names) == 1 else args.start_factor * float(getattr(known, n)))
-                 for n in names}
-        p0 = known._replace(**{n: jnp.asarray(v) for n, v in start.items()})
-        # jointly, J's condition number (~400) makes the fixed-J step amplify the Jacobian's
-        # change along the weak directions; Levenberg damping tempers that, but from 2× off
-        # the joint fit still does not converge (docs/differentiation.md)
-        damping = 1e-10 if len(names) == 1 else 1e-3
-        z0 = jnp.log(jnp.asarray([float(getattr(p0, n)) for n in POUCH_PARAMS]))
-        J0, (_, codes0) = jac(z0)
-        if np.asarray(codes0).any():
-            fits.append(dict(params=names, start=start, failed="the rollout at the start parameters failed"))
-            continue
-        J0 = np.asarray(J0) / scale
-        opt = optax.chain(gauss_newton_bfgs(J0[:, cols], damping), optax.clip(0.5))  # ≤ 0.5 in log per step
-        tag = "+".join(names)
-        try:
-            res = fit(rollout, measure, target, p0, names, optimizer=opt, iterations=args.iterations,
-                      loss_tol=1e-10 if len(names) == 1 else 1e-12, scale=scale,
-                      progress=not args.quiet)
-        except FitFailed as e:
-            fits.append(dict(params=names, start=start, failed=str(e)))
-            continue
-        res.to_json(os.path.join(args.out, f"fit_{tag}.json"))
-        try:
-            plot_history(res, os.path.join(args.out, f"fit_{tag}.png"))
-        except ImportError:
-            pass
-        rec = dict(params=names, start=start, fitted={n: float(getattr(res.params, n)) for n in names},
-                   iterations=len(res.history), final_loss=res.history[-1]["loss"], converged=res.converged,
-                   wall_s=res.history[-1]["wall_s"])
-        if synthetic:
-            rec["relative_error"] = {n: abs(rec["fitted"][n] / float(getattr(known, n)) - 1.0) for n in names}
-        fits.append(rec)
-    summary = dict(
-        scene=scene, **extra, synthetic=synthetic, target_m=dict(zip(("neck_x", "neck_y", "flap"), map(float, target))),
-        known_params={n: float(getattr(known, n)) for n in POUCH_PARAMS},
-        jacobian_mm_per_log=dict(rows=["neck_x", "neck_y", "flap"], cols=list(POUCH_PARAMS), J=J.tolist(),
-                                 singular_values=sv.tolist(), condition_number=float(sv[0] / sv[-1]),
-                                 weakest_direction=dict(zip(POUCH_PARAMS, Vt[-1].tolist()))),
-        fits=fits, wall_s=time.perf_counter() - t_start)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    return 1 if any("failed" in r for r in fits) else 0
-
-
 def _fit(argv):
     ap = argparse.ArgumentParser(prog="ipcjax fit", description=(
         "Fit material parameters to measured shapes with optax and implicit gradients. "
@@ -505,7 +326,8 @@ def _fit(argv):
         "each recovered alone from --start-factor × off (--joint: all three together). "
         "--scene bag: the same three from the 481-vertex bag's neck and flap, over a window of "
         "--window steps from a saved `ipcjax bag` state (--state, e.g. one saved before tying). "
-        "--scene cantilever: a clamped film's tip height, one parameter, adam."))
+        "--scene cantilever: a clamped film's tip height, one parameter, adam. "
+        "The jobs are in fitting/app.py."))
     ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")
     ap.add_argument("--state", default=None, help="bag: an `ipcjax bag` state.npz to start the window from")
     ap.add_argument("--window", type=int, default=12, help="bag: window length in steps of 1/240 s (default 12)")
@@ -527,73 +349,57 @@ def _fit(argv):
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
     args = ap.parse_args(argv)
-    if args.scene in ("pouch", "bag"):
-        if args.param is not None and args.param not in POUCH_PARAMS:
-            ap.error(f"--param for the {args.scene} must be one of {', '.join(POUCH_PARAMS)}")
-        if args.joint and args.param:
-            ap.error("--joint fits all three; leave out --param")
-        if not (args.start_factor > 0 and np.isfinite(args.start_factor)):
-            ap.error(f"--start-factor must be > 0; got {args.start_factor}")
-        args.iterations = 30 if args.iterations is None else args.iterations
-        if args.scene == "pouch":
-            return _fit_pouch(args, ap)
+
+    # every input is checked here, before the job compiles anything; a ValueError or
+    # OSError (a bad value, a missing or malformed --targets file) is one line from main()
+    from fitting import app
+
+    if args.scene == "cantilever":
+        if args.param == "friction":
+            ap.error("the cantilever has no contact: friction cannot be fitted there")
+        summary = app.fit_cantilever(args.out, args.param or "bending_scale", target=args.target, start=args.start,
+                                     steps=args.steps, iterations=80 if args.iterations is None else args.iterations,
+                                     lr=args.lr, progress=not args.quiet)
+        print(runfolder.dumps(summary))
+        return 0
+    options = app.ShapeFitOptions(param=args.param, joint=args.joint, start=args.start,
+                                  start_factor=args.start_factor,
+                                  iterations=30 if args.iterations is None else args.iterations,
+                                  progress=not args.quiet)
+    options.groups()
+    flags = (args.neck_x, args.neck_y, args.flap)
+    targets = None
+    if args.targets is not None:
+        if any(v is not None for v in flags):
+            ap.error("give --targets or --neck-x, --neck-y and --flap, not both")
+        targets = app.load_targets(args.targets)
+    elif any(v is not None for v in flags):
+        if any(v is None for v in flags):
+            ap.error("give all three of --neck-x, --neck-y and --flap")
+        try:
+            targets = app.check_targets(flags, "--neck-x, --neck-y, --flap")
+        except ValueError as e:
+            ap.error(str(e))
+    if args.scene == "pouch":
+        summary = app.fit_pouch(args.out, targets, options)
+    else:
         if args.state is None:
             ap.error("--scene bag needs --state: a state.npz written by `ipcjax bag` (e.g. runs/bag/state.npz)")
         if not os.path.exists(args.state):
             ap.error(f"--state {args.state}: no such file")
         if args.window < 1:
             ap.error(f"--window must be ≥ 1; got {args.window}")
-        return _fit_bag(args, ap)
-    if args.param is None:
-        args.param = "bending_scale"
-    if args.param == "friction":
-        ap.error("the cantilever has no contact: friction cannot be fitted there")
-    args.iterations = 80 if args.iterations is None else args.iterations
+        from fitting.bag import WindowFailed, bag_window
 
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    from fitting.fit import fit, plot_history
-    from ipcjax.candidates import initial_capacity
-    from ipcjax.implicit import make_rollout, stack_controls
-    from ipcjax.model import Config, Controls, Params
-    from scenes.film import cantilever_scene
-
-    sc = cantilever_scene()
-    m = sc["model"]
-    roll = make_rollout(m, Config(), initial_capacity(m.topology), round_fp32=False)
-    ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-10)] * args.steps)
-    x0 = jnp.asarray(sc["x"])
-    tip = jnp.asarray(sc["tip"])
-
-    @jax.jit
-    def rollout(p):
-        frames, _, codes = roll(p, x0, jnp.zeros_like(x0), ctl, 1 / 240)
-        return frames, codes
-
-    measure = lambda frames: jnp.mean(frames[-1, tip, 2])
-    truth = Params.film_defaults()
-    target = args.target if args.target is not None else float(measure(rollout(truth)[0]))
-    true_value = float(getattr(truth, args.param))
-    start = args.start if args.start is not None else 2.0 * true_value
-    p0 = truth._replace(**{args.param: jnp.asarray(start)})
-    res = fit(rollout, measure, target, p0, [args.param], optimizer=optax.adam(args.lr, b1=0.5),
-              iterations=args.iterations, loss_tol=1e-14, scale=1e-3)
-    os.makedirs(args.out, exist_ok=True)
-    res.to_json(os.path.join(args.out, "fit.json"))
-    try:
-        plot_history(res, os.path.join(args.out, "fit.png"))
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
-    fitted = float(getattr(res.params, args.param))
-    summary = dict(param=args.param, start=start, fitted=fitted, target_tip_height_m=target,
-                   iterations=len(res.history), final_loss=res.history[-1]["loss"], converged=res.converged)
-    if args.target is None:
-        summary["true_value"] = true_value
-        summary["relative_error"] = abs(fitted - true_value) / abs(true_value)
-    print(json.dumps(summary, indent=2))
-    return 0
+        runfolder.prepare(args.out)
+        try:
+            window = bag_window(args.state, args.window)
+        except (ValueError, WindowFailed) as e:
+            print(f"fit: {e}", file=sys.stderr)
+            return 1
+        summary = app.fit_bag(args.out, window, targets, options, state_path=args.state)
+    print(runfolder.dumps(summary))
+    return 1 if any("failed" in f for f in summary["fits"]) else 0
 
 
 def _compare(argv):

@@ -1,0 +1,117 @@
+"""The fit application (fitting/app.py): input mistakes caught before any compilation, and
+the default pouch fit compiled once for all three parameters."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from fitting import app
+from ipcjax.cli import main
+from tests.test_fitting import compilations_of, xla_compilations
+
+
+@pytest.fixture
+def no_fit(monkeypatch):
+    """Make any fit job fail loudly: the tests below must stop before one starts."""
+    def refuse(*a, **k):
+        raise AssertionError("a fit job started (and would compile) despite a bad input")
+
+    for job in ("fit_pouch", "fit_bag", "fit_cantilever"):
+        monkeypatch.setattr(app, job, refuse)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_targets_file_mistakes_each_give_one_error_naming_the_file(tmp_path):
+    missing = str(tmp_path / "none.json")
+    with pytest.raises(FileNotFoundError, match=f"targets file {missing}: no such file"):
+        app.load_targets(missing)
+    bad = _write(tmp_path / "bad.json", '{"neck_x_m": 0.03,')
+    with pytest.raises(ValueError, match=f"targets file {bad}: not valid JSON"):
+        app.load_targets(bad)
+    lst = _write(tmp_path / "list.json", "[0.03, 0.016, 0.0076]")
+    with pytest.raises(ValueError, match=f"targets file {lst}: expected a JSON object .* got a JSON list"):
+        app.load_targets(lst)
+    partial = _write(tmp_path / "partial.json", '{"neck_x_m": 0.03, "neck_y_m": 0.016}')
+    with pytest.raises(ValueError, match="needs neck_x_m, neck_y_m, flap_m .* missing 'flap_m'"):
+        app.load_targets(partial)
+    text = _write(tmp_path / "text.json", '{"neck_x_m": "wide", "neck_y_m": 0.016, "flap_m": 0.007}')
+    with pytest.raises(ValueError, match=f"targets file {text}: targets must be three numbers"):
+        app.load_targets(text)
+    neg = _write(tmp_path / "neg.json", '{"neck_x_m": -0.03, "neck_y_m": 0.016, "flap_m": 0.007}')
+    with pytest.raises(ValueError, match="finite with positive neck widths"):
+        app.load_targets(neg)
+    nan = _write(tmp_path / "nan.json", '{"neck_x_m": NaN, "neck_y_m": 0.016, "flap_m": 0.007}')
+    with pytest.raises(ValueError, match="finite with positive neck widths"):
+        app.load_targets(nan)
+    width = _write(tmp_path / "width.json", '{"neck_width_mm": 31.8, "flap_height_mm": 7.6}')
+    with pytest.raises(ValueError, match=r"neck_width_mm must be \[x, y\] in mm"):
+        app.load_targets(width)
+
+
+def test_targets_file_in_metres_or_as_a_bag_summary(tmp_path):
+    m = _write(tmp_path / "m.json", '{"neck_x_m": 0.0318, "neck_y_m": 0.0159, "flap_m": 0.0076}')
+    np.testing.assert_allclose(app.load_targets(m), [0.0318, 0.0159, 0.0076])
+    bag = _write(tmp_path / "summary.json", json.dumps(
+        {"measurements": {"neck_width_mm": [31.8, 15.9], "flap_height_mm": 7.6}, "wall_s": 1.0}))
+    np.testing.assert_allclose(app.load_targets(bag), [0.0318, 0.0159, 0.0076])
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ('{"neck_x_m": 0.03,', "not valid JSON"),
+    ("[0.03, 0.016, 0.0076]", "got a JSON list"),
+])
+def test_cli_fit_targets_mistake_is_one_line_with_status_2_before_compiling(tmp_path, capsys, no_fit, content,
+                                                                             message):
+    path = tmp_path / "targets.json"
+    if content is not None:
+        path.write_text(content)
+    t0 = time.perf_counter()
+    assert main(["fit", "--targets", str(path), "--quiet", "--out", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - t0 < 5.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ipcjax fit: error: targets file {path}: "), err
+    assert message in err[0]
+
+
+def test_shape_fit_options_are_checked_before_any_compilation(tmp_path):
+    with pytest.raises(ValueError, match="param must be one of"):
+        app.ShapeFitOptions(param="thickness").groups()
+    with pytest.raises(ValueError, match="leave out param"):
+        app.ShapeFitOptions(param="friction", joint=True).groups()
+    with pytest.raises(ValueError, match="start_factor must be > 0"):
+        app.ShapeFitOptions(start_factor=0.0).groups()
+    with pytest.raises(ValueError, match="start must be > 0"):
+        app.ShapeFitOptions(param="friction", start=-0.3).groups()
+    with pytest.raises(ValueError, match="iterations must be a positive integer"):
+        app.ShapeFitOptions(iterations=0).groups()
+    assert app.ShapeFitOptions().groups() == [["youngs_modulus"], ["friction"], ["bending_scale"]]
+    assert app.ShapeFitOptions(joint=True).groups() == [list(app.POUCH_PARAMS)]
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="targets: targets must be finite"):
+        app.fit_pouch(str(tmp_path / "o"), targets=[0.03, np.inf, 0.007])
+    with pytest.raises(ValueError, match="start must be > 0"):
+        app.fit_cantilever(str(tmp_path / "o"), start=0.0)
+    assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.slow
+def test_default_fit_compiles_once_and_recovers_each_parameter(tmp_path):
+    """The default job (E, μf, kθ each from 2× off): one XLA compilation of the
+    measurement-and-Jacobian program for the Jacobian at the known values and all three
+    fits, and each parameter within 1 %."""
+    out = tmp_path / "fit"
+    with xla_compilations() as compiled:
+        s = app.fit_pouch(str(out), options=app.ShapeFitOptions(progress=False))
+    assert compilations_of(compiled, "measurements_and_jacobian") == 1, compiled
+    assert s["compiles"] == 1 and s["compile_s"] > 0 and s["evaluations"] >= 4
+    assert [f["params"] for f in s["fits"]] == [["youngs_modulus"], ["friction"], ["bending_scale"]]
+    for f in s["fits"]:
+        (err,) = f["relative_error"].values()
+        assert err < 0.01, f
+    assert json.loads((out / "summary.json").read_text())["compiles"] == 1
