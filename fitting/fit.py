@@ -220,7 +220,8 @@ class LevenbergMarquardtState(NamedTuple):
     loss: jnp.ndarray     # () its loss (inf before the first update)
     grad: jnp.ndarray     # (k,) its gradient 2 Jᵀr
     jtj: jnp.ndarray      # (k, k) its Gauss–Newton matrix JᵀJ
-    damping: jnp.ndarray  # () λ for the next step
+    damping: jnp.ndarray  # () λ of the next step
+    radius: jnp.ndarray   # () the largest |Δᵢ| of the next step
 
 
 def levenberg_marquardt(damping: float = 1e-3, increase: float = 10.0, decrease: float = 0.3,
@@ -229,22 +230,24 @@ def levenberg_marquardt(damping: float = 1e-3, increase: float = 10.0, decrease:
 
     ``update(g, state, z, value=L, jacobian=J)`` takes the gradient g = 2 Jᵀr, the loss
     and the residual Jacobian J (m × k) at z, all of which the fit loop has from one
-    evaluation. The first call accepts z with λ = ``damping``. Later, if L is no larger
-    than the loss at the last accepted iterate, z is accepted and λ ← decrease·λ;
-    otherwise the step is retried from the accepted iterate with λ ← increase·λ. The
-    step from the accepted (z, g, A = JᵀJ) is
+    evaluation. The step from the accepted iterate (z, g, A = JᵀJ) is
 
         Δ = −(2 (A + λ D))⁻¹ g,    D = diag(A) + 1e-12 · max diag(A)   (Marquardt's scaling),
 
-    scaled down so that max |Δᵢ| ≤ ``max_step`` (in log: 0.5 is a factor e^0.5 ≈ 1.65).
-    Pure ``jnp`` (``jnp.where`` for the accept test), so ``update`` jits.
+    scaled down so that max |Δᵢ| ≤ radius. The first call accepts z, with λ = ``damping``
+    and radius = ``max_step`` (in log: 0.5 is a factor e^0.5 ≈ 1.65). Later, if L is no
+    larger than the accepted loss, z is accepted, λ ← decrease·λ and the radius doubles
+    (up to ``max_step``); otherwise the step is retried from the accepted iterate with
+    λ ← increase·λ and the radius half the rejected step's, so that a small λ cannot
+    repeat nearly the same rejected step. Pure ``jnp`` (``jnp.where`` for the accept
+    test), so ``update`` jits.
     """
 
     def init(params):
         z = jnp.asarray(params, jnp.float64)
         k = z.shape[0]
         return LevenbergMarquardtState(z, jnp.asarray(jnp.inf), jnp.zeros(k), jnp.zeros((k, k)),
-                                       jnp.asarray(damping, jnp.float64))
+                                       jnp.asarray(damping, jnp.float64), jnp.asarray(max_step, jnp.float64))
 
     def update(updates, state, params=None, *, value=None, jacobian=None, **extra_args):
         del extra_args
@@ -261,11 +264,14 @@ def levenberg_marquardt(damping: float = 1e-3, increase: float = 10.0, decrease:
         loss = jnp.where(accept, value, state.loss)
         lam = jnp.where(first, state.damping,
                         jnp.where(accept, decrease * state.damping, increase * state.damping))
+        rejected = jnp.max(jnp.abs(z - state.z))
+        radius = jnp.where(first, max_step, jnp.where(accept, jnp.minimum(max_step, 2.0 * state.radius),
+                                                      0.5 * jnp.minimum(state.radius, rejected)))
         d = jnp.diag(A)
         D = jnp.diag(d + 1e-12 * jnp.max(d))
         step = -jnp.linalg.solve(2.0 * (A + lam * D), grad)
-        step = step * jnp.minimum(1.0, max_step / jnp.maximum(jnp.max(jnp.abs(step)), 1e-300))
-        return base + step - z, LevenbergMarquardtState(base, loss, grad, A, lam)
+        step = step * jnp.minimum(1.0, radius / jnp.maximum(jnp.max(jnp.abs(step)), 1e-300))
+        return base + step - z, LevenbergMarquardtState(base, loss, grad, A, lam, radius)
 
     return optax.GradientTransformationExtraArgs(init, update)
 

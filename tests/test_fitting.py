@@ -194,7 +194,8 @@ def test_levenberg_marquardt_converges_on_a_curved_residual():
 
 def test_levenberg_marquardt_retries_a_step_that_raises_the_loss_from_the_accepted_iterate():
     """r(z) = atan(z) from z = 2: the Gauss–Newton step −atan(z)(1 + z²) overshoots to a
-    higher loss; that step is rejected and retried from z = 2 with 10× the damping."""
+    higher loss; that step is rejected and retried from z = 2 with 10× the damping and at
+    most half its length."""
     r = lambda z: jnp.arctan(z)
     jac = jax.jacobian(r)
     opt = levenberg_marquardt(damping=0.1, max_step=10.0)
@@ -206,6 +207,8 @@ def test_levenberg_marquardt_retries_a_step_that_raises_the_loss_from_the_accept
     upd, state = opt.update(2 * jac(z1).T @ r(z1), state, z1, value=r(z1) @ r(z1), jacobian=jac(z1))
     z2 = z1 + upd
     assert float(state.z[0]) == 2.0 and float(state.damping) == pytest.approx(1.0)
+    assert float(state.radius) == pytest.approx(0.5 * abs(float(z1[0]) - 2.0))
+    assert abs(float(z2[0]) - 2.0) <= float(state.radius) * (1 + 1e-12)
     assert float(r(z2) @ r(z2)) < float(r(z0) @ r(z0))  # the damped retry improves on z0
     z, losses = _run_lm(r, z0, levenberg_marquardt(damping=0.1, max_step=10.0), 12)
     assert min(losses) < 1e-20
