@@ -50,7 +50,7 @@ def _program_bytes(fn, *args):
 
 def memory_against_length(m, cfg, cap, x0, v0, W, p0, lengths):
     """Compiled forward and forward+backward bytes per rollout length, and the slopes."""
-    roll = make_rollout(m, cfg, cap)
+    roll = make_rollout(m, cfg, cap, tolerance=None)  # the controls' tolerance as stated
     rows = []
     for T in lengths:
         ctl = stack_controls([Controls.empty(m.n_particles, tolerance=5e-7)] * T)
@@ -72,7 +72,7 @@ def bag_window_ratio(args):
     w = bag_window(args.bag_state, args.steps)
     sc = w["scene"]
     m = sc["model"]
-    roll = make_rollout(m, w["rollout_config"], w["capacity"], round_fp32=False)
+    roll = make_rollout(m, w["rollout_config"], w["capacity"], round_fp32=False, tolerance=None)
     x0, v0 = jnp.asarray(w["x0"]), jnp.asarray(w["v0"])
     W = jnp.asarray(np.random.default_rng(0).normal(size=x0.shape))
     loss = lambda p: jnp.sum(W * roll(p, x0, v0, w["controls"], w["dt"])[0][-1])
@@ -111,7 +111,7 @@ def main(argv=None):
     out = dict(particles=m.n_particles, steps=args.steps)
     grads = {}
     for hess in ("exact", "projected"):
-        roll = make_rollout(m, cfg, cap, hessian=hess)
+        roll = make_rollout(m, cfg, cap, hessian=hess, tolerance=None)
         loss = lambda p: jnp.sum(W * roll(p, x0, v0, ctl, 1 / 240)[0][-1])
         fwd = jax.jit(loss)
         both = jax.jit(jax.value_and_grad(loss))

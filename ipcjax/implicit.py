@@ -40,7 +40,9 @@ row instead (both paths are compiled; only one runs), so no contact is ever left
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +53,8 @@ from ipcjax import candidates as _cand
 from ipcjax.ldl import sparse_solve
 from ipcjax.model import Config, Controls, Model, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, block_jacobi, pcg
-from ipcjax.potential import HessianBlocks, dense_hessian, gradient_and_blocks, hessian_matvec, incremental_potential
+from ipcjax.potential import (HessianBlocks, dense_hessian, friction_kinks, gradient_and_blocks, hessian_matvec,
+                              incremental_potential)
 from ipcjax.result import StepCode
 from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_context
 
@@ -108,8 +111,9 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
 
     x* is the unrounded FP64 minimiser; ``code`` is the solve's StepCode (int32). The
     VJP is the implicit one described in the module docstring. With ``with_stats`` it
-    returns ``(x*, code, stats)``, the solve's :class:`~ipcjax.newton.CandidateStats`
-    (what a capacity overflow needed). A backward solve that fails (a singular Hessian,
+    returns ``(x*, code, stats, kinks)``: the solve's :class:`~ipcjax.newton.CandidateStats`
+    (what a capacity overflow needed) and the number of friction stencils at x₀ on a
+    closest-feature boundary (:func:`ipcjax.potential.friction_kinks`). A backward solve that fails (a singular Hessian,
     CG short of its tolerance) raises :class:`BackwardFailed` instead of a NaN gradient.
     """
     if hessian not in ("exact", "projected"):
@@ -119,7 +123,8 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact"
     def forward(params, x0, v0, controls, dt):
         x, cs, cs0, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
         code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
-        return (x, code, sinfo.stats), (cs, cs0)
+        kinks = friction_kinks(x0, cs0, model.radius, params, config) if with_stats else jnp.int32(0)
+        return (x, code, sinfo.stats, kinks), (cs, cs0)
 
     @jax.custom_vjp
     def solve(params, x0, v0, controls, dt):
@@ -215,6 +220,24 @@ def _check_codes(codes, n_vt, n_ee, n_sf, work, n_active):
     _raise(RolloutFailed(i, int(flat[b, i]), needs))
 
 
+class NonDifferentiableWarning(UserWarning):
+    """A rollout started steps with friction stencils on a closest-feature boundary."""
+
+
+def _warn_kinks(kinks):
+    """Host warning: steps whose start has friction stencils on a closest-feature boundary."""
+    kinks = np.asarray(kinks)
+    T = kinks.shape[-1]
+    per_step = kinks.reshape(-1, T).max(axis=0)
+    steps = np.flatnonzero(per_step)
+    if steps.size:
+        listed = ", ".join(f"step {i}: {per_step[i]}" for i in steps[:8]) + (" …" if steps.size > 8 else "")
+        warnings.warn(f"{int(per_step.sum())} friction stencil(s) start on a closest-feature boundary ({listed}); "
+                      "the trajectory is not differentiable there in x0 and the gradient is one of its one-sided "
+                      "values (perturb or rotate the start; docs/differentiation.md)", NonDifferentiableWarning,
+                      stacklevel=2)
+
+
 class _QuietChecks(logging.Filter):
     """JAX logs every exception a debug callback raises; ours reach the caller anyway."""
 
@@ -226,6 +249,13 @@ class _QuietChecks(logging.Filter):
 logging.getLogger("jax._src.debugging").addFilter(_QuietChecks())
 
 
+#: Newton tolerance (m) of a differentiated step by default (see :class:`Rollout`).
+DIFF_TOLERANCE = 1e-9
+#: Iteration cap of a differentiated step, at least: 1e-9 m took up to 107 iterations
+#: on the sliding layers (``benchmarks/gradient_tolerance.py``).
+DIFF_MAX_NEWTON = 300
+
+
 class Rollout:
     """A differentiable rollout ``(params, x0, v0, controls_seq, dt) -> (frames, velocities, codes)``.
 
@@ -233,7 +263,11 @@ class Rollout:
     so supports, ties and forces can be time-indexed. The loop is a ``lax.scan`` over the
     implicit-VJP step. Returns frames (T, N, 3), velocities (T, N, 3) (FP64; FP32-rounded
     values when ``round_fp32``) and codes (T,) int32, all zero: a rollout never returns a
-    failed step.
+    failed step. With ``report=True`` a fourth output, kinks (T,) int32, counts per step the
+    friction-loaded stencils whose start sits on a closest-feature boundary or whose edges
+    are parallel (:func:`ipcjax.potential.friction_kinks`); where it is non-zero the
+    trajectory is not differentiable in x₀, and a :class:`NonDifferentiableWarning` says so
+    whether or not the counts are returned.
 
     * **Failures raise.** After the scan a host check (``jax.debug.callback``) raises
       :class:`RolloutFailed` naming the first failed step and its reason. This holds under
@@ -246,6 +280,14 @@ class Rollout:
       failing step needed and runs again, up to ``max_regrow`` times; ``self.capacity``
       keeps the grown value. Under ``jit`` the overflow raises; call the rollout once
       outside jit first (at the start parameters) to size it.
+    * **Converged enough to differentiate.** The implicit VJP assumes ∇ₓΦ(x*) = 0, so the
+      gradient is only as good as the solve: each step's Newton tolerance is
+      min(controls.tolerance, ``tolerance``), by default :data:`DIFF_TOLERANCE` (1e-9 m),
+      and the iteration cap at least :data:`DIFF_MAX_NEWTON`. On two film layers sliding
+      with friction that keeps the gradient within 5e-5 relative of the converged one for
+      E, μf, kθ, x₀ and v₀, where the 1.2e-5 m step default is off by up to 86 %
+      (``python3 -m benchmarks.gradient_tolerance``, docs/differentiation.md).
+      ``tolerance=None`` uses the controls' tolerance as given.
     * **Inputs are checked** on the host when concrete: parameters are canonicalised to
       float64 (:func:`~ipcjax.model.check_params`, so a weak-typed or float32 leaf never
       recompiles) and checked against their ranges, dt > 0, the controls' shapes and
@@ -253,10 +295,16 @@ class Rollout:
     """
 
     def __init__(self, model: Model, config: Config, capacity=None, *, hessian: str = "exact",
-                 round_fp32: bool = True, max_regrow: int = 6):
+                 round_fp32: bool = True, max_regrow: int = 6, tolerance: float | None = DIFF_TOLERANCE,
+                 report: bool = False):
         if hessian not in ("exact", "projected"):
             raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+        if tolerance is not None:
+            if not (np.isfinite(tolerance) and tolerance > 0):
+                raise ValueError(f"tolerance must be a finite number > 0 m, or None; got {tolerance!r}")
+            config = dataclasses.replace(config, max_newton=max(config.max_newton, DIFF_MAX_NEWTON))
         self.model, self.config, self.hessian, self.round_fp32 = model, config, hessian, round_fp32
+        self.tolerance, self.report = tolerance, bool(report)
         self.capacity = _cand.initial_capacity(model.topology) if capacity is None else _cand.check_capacity(capacity)
         self.max_regrow = int(max_regrow)
         self._compiled = {}
@@ -266,7 +314,8 @@ class Rollout:
         calls reuse one compilation instead of retracing the scan each time)."""
         if capacity not in self._compiled:
             self._compiled[capacity] = jax.jit(
-                _rollout_fn(self.model, self.config, capacity, self.hessian, self.round_fp32))
+                _rollout_fn(self.model, self.config, capacity, self.hessian, self.round_fp32, self.tolerance,
+                            self.report))
         return self._compiled[capacity]
 
     def _check_inputs(self, params, x0, v0, controls_seq, dt):
@@ -299,22 +348,27 @@ class Rollout:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def make_rollout(model: Model, config: Config, capacity=None, *, hessian: str = "exact",
-                 round_fp32: bool = True, max_regrow: int = 6) -> Rollout:
-    """A differentiable :class:`Rollout` (see there: failures raise, capacity grows)."""
-    return Rollout(model, config, capacity, hessian=hessian, round_fp32=round_fp32, max_regrow=max_regrow)
+def make_rollout(model: Model, config: Config, capacity=None, *, hessian: str = "exact", round_fp32: bool = True,
+                 max_regrow: int = 6, tolerance: float | None = DIFF_TOLERANCE, report: bool = False) -> Rollout:
+    """A differentiable :class:`Rollout` (see there: failures raise, capacity grows, and each
+    step converges to ``tolerance``, 1e-9 m by default, so that its gradient is accurate)."""
+    return Rollout(model, config, capacity, hessian=hessian, round_fp32=round_fp32, max_regrow=max_regrow,
+                   tolerance=tolerance, report=report)
 
 
-def _rollout_fn(model: Model, config: Config, capacity, hessian: str, round_fp32: bool):
+def _rollout_fn(model: Model, config: Config, capacity, hessian: str, round_fp32: bool, tolerance=None,
+                report: bool = False):
     """The scanned rollout at one static capacity, with the host check of its codes."""
     solve = make_solve(model, config, capacity, hessian=hessian, with_stats=True)
 
     def rollout(params, x0, v0, controls_seq, dt):
         dt = jnp.asarray(dt, jnp.float64)
+        if tolerance is not None:
+            controls_seq = controls_seq._replace(tolerance=jnp.minimum(controls_seq.tolerance, tolerance))
 
         def body(carry, ctl):
             x, v = carry
-            x_new, code, stats = solve(params, x, v, ctl, dt)
+            x_new, code, stats, kinks = solve(params, x, v, ctl, dt)
             if round_fp32:
                 x32 = x_new.astype(jnp.float32)
                 gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
@@ -326,12 +380,14 @@ def _rollout_fn(model: Model, config: Config, capacity, hessian: str, round_fp32
             ok = code == 0
             x_out = jnp.where(ok, x_new, x)
             v_out = jnp.where(ok, v_new, v)
-            return (x_out, v_out), (x_out, v_out, code, stats)
+            return (x_out, v_out), (x_out, v_out, code, stats, kinks)
 
         x0 = jnp.asarray(x0, jnp.float64)
-        _, (frames, vels, codes, stats) = jax.lax.scan(body, (x0, jnp.asarray(v0, jnp.float64)), controls_seq)
+        _, (frames, vels, codes, stats, kinks) = jax.lax.scan(body, (x0, jnp.asarray(v0, jnp.float64)),
+                                                              controls_seq)
         jax.debug.callback(_check_codes, codes, stats.n_vt, stats.n_ee, stats.n_sf, stats.work, stats.n_active)
-        return frames, vels, codes
+        jax.debug.callback(_warn_kinks, kinks)
+        return (frames, vels, codes, kinks) if report else (frames, vels, codes)
 
     return rollout
 

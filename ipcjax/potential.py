@@ -197,6 +197,42 @@ def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Confi
     return FrictionSet(idx=idx, w0=w0, n0=n0, load=load, count=count)
 
 
+#: Relative distance (in units of the element) within which a friction stencil counts as
+#: sitting on a closest-feature boundary, or an edge pair as parallel.
+KINK_MARGIN = 1e-6
+
+
+def _on_feature_boundary(X, kind, margin):
+    """Whether stencil X (4, 3) of ``kind`` lies within ``margin`` of a closest-feature
+    boundary, where its closest points (and the friction basis) jump or kink.
+
+    Point–triangle and sphere–face: a barycentric coordinate of the point's projection
+    within ``margin`` of 0 (the projection on an edge line of the triangle: the boundary of
+    the interior region). Edge–edge: the edges within ``margin`` of parallel (sin² of their
+    angle below margin²), or a line parameter within ``margin`` of 0 or 1 while the other
+    lies on its segment (the boundary between the interior and an end-point branch).
+    """
+    b, _, _, _ = _dist._triangle_barycentric(X[0], X[1], X[2], X[3])
+    pt = jnp.min(jnp.abs(b)) < margin
+    s, t, nn, uu, vv = _dist._line_line_parameters(X[0], X[1], X[2], X[3])
+    parallel = nn <= margin**2 * uu * vv
+    on = lambda a: (a > -margin) & (a < 1 + margin)
+    near_end = lambda a: jnp.minimum(jnp.abs(a), jnp.abs(1 - a)) < margin
+    ee = parallel | (near_end(s) & on(t)) | (near_end(t) & on(s))
+    return jnp.where(kind == ContactKind.EE, ee, jnp.where(kind == ContactKind.SS, False, pt))
+
+
+def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, margin: float = KINK_MARGIN):
+    """Number of friction-loaded stencils at x₀ on a closest-feature boundary (see
+    :func:`_on_feature_boundary`): there the lagged friction, and so the step's x*, is not
+    differentiable in x₀, and a gradient is one of several one-sided ones."""
+    g0, _, _ = contact_gaps(x0, contacts, radius, config.min_gap)
+    loaded = contacts.valid & (g0 < config.dhat) & (params.friction > 0)
+    X = gather_stencils(x0, contacts)
+    kink = jax.vmap(lambda x, k: _on_feature_boundary(x, k, margin))(X, contacts.kind)
+    return jnp.sum(loaded & kink, dtype=jnp.int32)
+
+
 def _barrier_terms(x, contacts, radius, params, config):
     X, w, off = stencil_geometry(x, contacts, radius, config.min_gap)
     d, _ = jax.vmap(_dist.stencil_distance)(X, w)
