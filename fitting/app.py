@@ -66,6 +66,8 @@ class ShapeFitOptions(NamedTuple):
 
 def check_targets(t, source: str) -> np.ndarray:
     """(neck x, neck y, flap) in m as a float array; ValueError naming ``source`` otherwise."""
+    if isinstance(t, (list, tuple)) and any(isinstance(v, (str, bool)) for v in t):
+        raise ValueError(f"{source}: targets must be three numbers (m), not strings or booleans; got {t!r}")
     try:
         t = np.asarray(t, np.float64)
     except (TypeError, ValueError):
@@ -91,6 +93,8 @@ def load_targets(path: str) -> np.ndarray:
             text = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"targets file {path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"targets file {path}: not a text file ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise OSError(f"targets file {path}: cannot read it ({e.strerror or e})") from None
     try:

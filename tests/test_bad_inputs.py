@@ -239,3 +239,37 @@ def test_corrupt_or_truncated_state_files_are_refused_naming_the_file(tmp_path_f
         np.savez(path, **fields)
     with pytest.raises((ValueError, FileNotFoundError), match="state.npz"):
         read_state(path, N_STATE, "coarse")
+
+
+# --------------------------------------------------------------- files: fit targets
+
+JSON = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=8)
+
+
+@settings(deadline=2000, max_examples=60)
+@given(data=st.data())
+def test_corrupt_or_malformed_target_files_are_refused_naming_the_file(tmp_path_factory, data):
+    """Cut-short, junk or wrongly structured target files get one error naming the file."""
+    import json
+
+    from fitting.app import load_targets
+    path = tmp_path_factory.mktemp("targets") / "targets.json"
+    good = json.dumps(dict(neck_x_m=0.0388, neck_y_m=0.0372, flap_m=0.0184))
+    path.write_text(good)
+    np.testing.assert_allclose(load_targets(str(path)), [0.0388, 0.0372, 0.0184])
+    kind = data.draw(st.sampled_from(["truncate", "junk", "json", "values"]))
+    if kind == "truncate":
+        path.write_text(good[:data.draw(st.integers(0, len(good) - 2))])
+    elif kind == "junk":
+        path.write_bytes(data.draw(st.binary(max_size=200)))
+    elif kind == "json":
+        path.write_text(json.dumps(data.draw(JSON)))
+    else:
+        bad = data.draw(st.one_of(st.just(None), st.text(max_size=4), st.floats(max_value=0.0),
+                                  st.lists(st.floats(), max_size=3), st.just(float("inf"))))
+        key = data.draw(st.sampled_from(["neck_x_m", "neck_y_m"]))
+        path.write_text(json.dumps({**json.loads(good), key: bad}))
+    with pytest.raises((ValueError, OSError), match="targets file .*targets.json"):
+        load_targets(str(path))
