@@ -134,7 +134,6 @@ def fit_pouch(out: str, targets=None, options: ShapeFitOptions = ShapeFitOptions
         targets: measured (neck x, neck y, flap) in m; None: simulated at the film defaults.
         options: which parameters, from where, how many iterations.
     """
-    import jax
     import jax.numpy as jnp
 
     from ipcjax.candidates import initial_capacity
