@@ -45,7 +45,7 @@ def worker(root, scene, repeat):
         sc = drape_scene(n=22, size=0.1, sphere_radius=0.025, gap=1.5e-3, floor=True)
         m, cfg, p, dt = sc["model"], Config(), Params.film_defaults(), 1.0 / 240.0
         ctl = Controls.empty(m.n_particles, tolerance=1.2e-5)
-        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, 5, dt, cfg)
+        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, 5, dt=dt, config=cfg)
         st, cap = make_state(frames[-1]), reps[-1].capacity
     from benchmarks.timing import median_time
     run = lambda: step(m, p, st, ctl, dt, config=cfg, capacity=cap)

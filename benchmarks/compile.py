@@ -44,7 +44,7 @@ def main(argv=None):
     warm = time.perf_counter() - t
     state = st1
     for i in range(1, 1 + args.steps):
-        state, rep = advance(m, p, state, ch.controls_at(i, float(state.t)), dt, cfg, cap, validate=False)
+        state, rep = advance(m, p, state, ch.controls_at(i, float(state.t)), dt, config=cfg, capacity=cap, validate=False)
         assert rep.ok, rep.reason
         cap = rep.capacity
     grew = step._cache_size() - n_cache

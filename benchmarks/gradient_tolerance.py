@@ -45,7 +45,7 @@ def main(argv=None):
     iters = {}
     for tol in args.tolerances:
         ctl = Controls.empty(m.n_particles, tolerance=tol)
-        _, _, reps = simulate(m, p0, make_state(sc["x"], sc["v"]), ctl, args.steps, 1 / 240, config)
+        _, _, reps = simulate(m, p0, make_state(sc["x"], sc["v"]), ctl, args.steps, dt=1 / 240, config=config)
         iters[tol] = max(r.iterations for r in reps)
     roll = make_rollout(m, config, round_fp32=False)
 

@@ -73,7 +73,7 @@ def main(argv=None):
         model, cfg, params = sc["model"], Config(), Params.film_defaults()
         ctl = Controls.empty(model.n_particles, tolerance=1.2e-5)
         dt = 1.0 / 240.0
-        frames, _, reps = simulate(model, params, make_state(sc["x"]), ctl, args.steps, dt, cfg)
+        frames, _, reps = simulate(model, params, make_state(sc["x"]), ctl, args.steps, dt=dt, config=cfg)
         cap = reps[-1].capacity
         st = make_state(frames[-1])
         scene = f"{args.n}x{args.n} film on a sphere after {args.steps} steps"

@@ -98,7 +98,7 @@ def bag_window(state_path: str, steps: int, params=None):
         t = float(state.t)
         choreo.observe(t, np.asarray(state.x))
         ctl = choreo.controls_at(k0 + i, t)
-        state, rep = advance(model, params, state, ctl, dt, config, capacity, validate=i == 0)
+        state, rep = advance(model, params, state, ctl, dt, config=config, capacity=capacity, validate=i == 0)
         if not rep.ok:
             raise WindowFailed(k0 + i, t, rep.reason)
         capacity = rep.capacity

@@ -72,7 +72,7 @@ def _drape(argv):
     t0 = time.perf_counter()
     print("drape: compiling (first step)…", file=sys.stderr, flush=True)
     for _ in range(args.steps):
-        state, rep = advance(model, params, state, controls, dt, config, capacity)
+        state, rep = advance(model, params, state, controls, dt, config=config, capacity=capacity)
         capacity = rep.capacity
         if not rep.ok:
             if bar is not None:
@@ -240,8 +240,8 @@ def _bag(argv):
         if first_step_s is None:
             print("bag: compiling (first step)…", file=sys.stderr, flush=True)
         try:
-            state_new, rep = advance(model, params, state, choreo.controls_at(step_index, t), dt, config,
-                                     capacity, validate=first_step_s is None)
+            state_new, rep = advance(model, params, state, choreo.controls_at(step_index, t), dt,
+                                     config=config, capacity=capacity, validate=first_step_s is None)
         except KeyboardInterrupt:  # keep everything so far; --resume continues from here
             failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
             break

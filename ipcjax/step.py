@@ -225,8 +225,8 @@ def make_state(x, v=None, t=0.0) -> State:
     return State(jnp.asarray(x), jnp.asarray(v), jnp.asarray(t, jnp.float64))
 
 
-def advance(model: Model, params: Params, state: State, controls: Controls, dt: float,
-            config: Config = Config(), capacity=None, *, validate: bool = True):
+def advance(model: Model, params: Params, state: State, controls: Controls, dt: float, *,
+            config: Config = Config(), capacity=None, validate: bool = True):
     """Host driver: one timestep with capacity reallocation and step subdivision.
 
     Returns (state, report). On failure after all subdivisions, or on a non-retryable
@@ -290,8 +290,8 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
     return (out if code == 0 else state), report
 
 
-def simulate(model: Model, params: Params, state: State, controls, steps: int, dt: float,
-             config: Config = Config(), *, callback=None):
+def simulate(model: Model, params: Params, state: State, controls, steps: int, *, dt: float,
+             config: Config = Config(), callback=None):
     """Host loop of :func:`advance` over ``steps`` timesteps.
 
     Args:
@@ -312,7 +312,7 @@ def simulate(model: Model, params: Params, state: State, controls, steps: int, d
     frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
     capacity = None
     for i in range(steps):
-        state, rep = advance(model, params, state, get(i, float(state.t)), dt, config, capacity,
+        state, rep = advance(model, params, state, get(i, float(state.t)), dt, config=config, capacity=capacity,
                              validate=(i == 0))
         capacity = rep.capacity
         if not rep.ok:

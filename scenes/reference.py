@@ -36,7 +36,7 @@ def _segment_distance(p0, p1, q0, q1, samples=2001):
 def _run(sc, steps, params=None):
     m = sc["model"]
     frames, _, reports = simulate(m, params or Params.film_defaults(), make_state(sc["x"], sc.get("v")),
-                                  Controls.empty(m.n_particles, tolerance=TOL), steps, DT, Config())
+                                  Controls.empty(m.n_particles, tolerance=TOL), steps, dt=DT, config=Config())
     return frames.astype(np.float64), reports
 
 

@@ -72,7 +72,7 @@ def test_bad_timesteps_and_spans_are_refused(scene, dt, steps):
     with pytest.raises(ValueError, match="dt must be a finite scalar > 0"):
         advance(model, Params.film_defaults(), _state(x), ctl, dt)
     with pytest.raises(ValueError, match="steps must be an integer ≥ 1"):
-        simulate(model, Params.film_defaults(), _state(x), ctl, steps, 1 / 240)
+        simulate(model, Params.film_defaults(), _state(x), ctl, steps, dt=1 / 240)
 
 
 @FAST
@@ -190,7 +190,7 @@ def test_overlapping_sheets_are_refused_naming_the_primitives(two_sheets, dz, dx
     before = y.copy()
     with pytest.raises(ValueError, match=r"initial overlap: .* gap .* ≤ 0|edge-through-face penetration"):
         advance(model, Params.film_defaults(), make_state(y), Controls.empty(model.n_particles), 1 / 240,
-                Config())
+                config=Config())
     np.testing.assert_array_equal(y, before)
 
 

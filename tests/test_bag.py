@@ -93,7 +93,7 @@ def test_seed_two_step_bag_check_full_resolution():
     m, ch = sc["model"], sc["choreography"]
     assert sc["config"].membrane == "neo_hookean"
     assert len(sc["spheres"]) == 7 and len(sc["bin"]) > 0 and len(sc["floor"]) > 0
-    frames, times, reps = simulate(m, sc["params"], make_state(sc["x"]), ch.controls_at, 2, sc["dt"], sc["config"])
+    frames, times, reps = simulate(m, sc["params"], make_state(sc["x"]), ch.controls_at, 2, dt=sc["dt"], config=sc["config"])
     film, spheres, faces = frames[:, sc["film"]], frames[:, sc["spheres"]], sc["faces"]
     assert film.shape == (3, 481, 3) and spheres.shape == (3, 7, 3) and faces.shape == (928, 3)
     np.testing.assert_allclose(times, [0, 1 / 240, 2 / 240])

@@ -97,7 +97,7 @@ def drape_runs(configs, steps=12):
     ctl = Controls.empty(m.n_particles, tolerance=5e-7)
     runs = {}
     for cfg in configs:
-        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, DT, cfg)
+        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, dt=DT, config=cfg)
         assert all(r.ok for r in reps)
         runs[cfg.linear_solver] = (frames, reps)
     return sc, p, ctl, runs
@@ -174,10 +174,10 @@ def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
     assert not int(info.code) & int(StepCode.FACTORIZATION_FAILED)
     assert int(info.n_active) > 2
     np.testing.assert_array_equal(np.asarray(new.x), np.asarray(st.x))
-    out, rep = advance(m, p, st, ctl, DT, Config(), cap, validate=False)
+    out, rep = advance(m, p, st, ctl, DT, config=Config(), capacity=cap, validate=False)
     assert rep.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
     # and the grown, compacted step lands where an uncompacted one does
-    ref, rep_ref = advance(m, p, st, ctl, DT, Config(), cap._replace(active=None), validate=False)
+    ref, rep_ref = advance(m, p, st, ctl, DT, config=Config(), capacity=cap._replace(active=None), validate=False)
     assert rep_ref.ok
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6

@@ -44,7 +44,7 @@ def _run(sc, steps, params=None, config=CFG, tol=TIGHT):
     params = Params.film_defaults() if params is None else params
     out, cap = [], None
     for i in range(steps):
-        st, rep = advance(m, params, st, ctl, DT, config, cap, validate=(i == 0))
+        st, rep = advance(m, params, st, ctl, DT, config=config, capacity=cap, validate=(i == 0))
         assert rep.ok, rep.reason
         cap = rep.capacity
         out.append((np.asarray(st.x), rep))
@@ -107,7 +107,7 @@ def test_failed_step_returns_input_state_unchanged():
     x_in, v_in = sc["x"].copy(), sc["v"].copy()
     st = make_state(x_in, v_in)
     cfg = Config(max_newton=1, max_subdivisions=0)
-    new, rep = advance(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, cfg)
+    new, rep = advance(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg)
     assert not rep.ok and rep.code & StepCode.ITERATION_CAP
     assert "iteration cap" in rep.reason
     assert new is st and np.array_equal(np.asarray(new.x), x_in.astype(np.float32))
@@ -123,7 +123,7 @@ def test_subdivision_rescues_an_eight_iteration_cap():
     sc = vertex_triangle_scene(speed=20.0)
     cfg = Config(max_newton=8)
     st = make_state(sc["x"], sc["v"])
-    new, rep = advance(sc["model"], Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, cfg)
+    new, rep = advance(sc["model"], Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg)
     assert rep.ok, rep.reason
     assert rep.max_depth >= 1 and rep.substeps >= 2
     assert float(new.t) == pytest.approx(DT)
