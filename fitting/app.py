@@ -77,6 +77,44 @@ def check_targets(t, source: str) -> np.ndarray:
     return t
 
 
+class FlagError(ValueError):
+    """Target flags given in a combination that means nothing (a usage error)."""
+
+
+def targets_from(path: str | None, values) -> np.ndarray | None:
+    """The measured targets of ``ipcjax fit``: from the JSON file ``path`` (``--targets``),
+    or from ``values`` (``--neck-x``, ``--neck-y``, ``--flap``, m; None where not given),
+    or None (synthetic targets) when neither is given.
+
+    Raises:
+        FlagError: both sources, only some of the three values, or values out of range.
+        ValueError, OSError: from :func:`load_targets`.
+    """
+    given = [v is not None for v in values]
+    if path is not None:
+        if any(given):
+            raise FlagError("give --targets or --neck-x, --neck-y and --flap, not both")
+        return load_targets(path)
+    if not any(given):
+        return None
+    if not all(given):
+        raise FlagError("give all three of --neck-x, --neck-y and --flap")
+    try:
+        return check_targets(tuple(values), "--neck-x, --neck-y, --flap")
+    except ValueError as e:
+        raise FlagError(str(e)) from None
+
+
+def check_window_flags(state_path: str | None, steps: int) -> None:
+    """The ``--state`` and ``--window`` of ``ipcjax fit --scene bag``; FlagError if unusable."""
+    if state_path is None:
+        raise FlagError("--scene bag needs --state: a state.npz written by `ipcjax bag` (e.g. runs/bag/state.npz)")
+    if not os.path.exists(state_path):
+        raise FlagError(f"--state {state_path}: no such file")
+    if steps < 1:
+        raise FlagError(f"--window must be ≥ 1; got {steps}")
+
+
 def load_targets(path: str) -> np.ndarray:
     """Measured (neck x, neck y, flap) in m from a JSON file.
 
@@ -145,21 +183,22 @@ def fit_pouch(out: str, targets=None, options: ShapeFitOptions = ShapeFitOptions
     prepare(out)
     t_start = time.perf_counter()
     sc = pouch_scene()
-    m = sc["model"]
-    cap = sc["capacity"] or initial_capacity(m.topology)
-    roll = make_rollout(m, sc["config"], cap, round_fp32=False)
-    x0, ctl, dt = jnp.asarray(sc["x"]), sc["controls"], sc["dt"]
-    neck, rim = sc["neck"], sc["rim"]
+    m = sc.model
+    cap = sc.capacity or initial_capacity(m.topology)
+    roll = make_rollout(m, sc.config, cap, round_fp32=False)
+    x0, ctl, dt = jnp.asarray(sc.x), sc.controls, sc.dt
+    neck, rim = sc.neck, sc.rim
 
     def rollout(p):
         frames, _, codes = roll(p, x0, jnp.zeros_like(x0), ctl, dt)
         return frames[-1:], codes  # the measurements need the final frame only
 
     measure = lambda frames: pouch_measure(frames[-1], neck, rim)
-    return fit_shape(out, "pouch", rollout, measure, sc["params"], targets, options, groups, t_start, {})
+    return fit_shape(out, "pouch", rollout, measure, sc.params, targets=targets, options=options, groups=groups,
+                     t_start=t_start, extra={})
 
 
-def fit_bag(out: str, window: dict, targets=None, options: ShapeFitOptions = ShapeFitOptions(),
+def fit_bag(out: str, window: "fitting.bag.BagWindow", targets=None, options: ShapeFitOptions = ShapeFitOptions(),
             state_path: str | None = None) -> dict:
     """``ipcjax fit --scene bag``: E, μf, kθ from the bag's neck and flap over a window of
     steps from a saved ``ipcjax bag`` state.
@@ -179,24 +218,43 @@ def fit_bag(out: str, window: dict, targets=None, options: ShapeFitOptions = Sha
     targets = None if targets is None else check_targets(targets, "targets")
     prepare(out)
     t_start = time.perf_counter()
-    sc = window["scene"]
-    roll = make_rollout(sc["model"], window["rollout_config"], window["capacity"], round_fp32=False)
-    x0, v0 = jnp.asarray(window["x0"]), jnp.asarray(window["v0"])
-    ctl, dt = window["controls"], window["dt"]
-    neck, rim = jnp.asarray(sc["neck"]), jnp.asarray(sc["rim"])
+    sc = window.scene
+    roll = make_rollout(sc.model, window.rollout_config, window.capacity, round_fp32=False)
+    x0, v0 = jnp.asarray(window.x0), jnp.asarray(window.v0)
+    ctl, dt = window.controls, window.dt
+    neck, rim = jnp.asarray(sc.neck), jnp.asarray(sc.rim)
 
     def rollout(p):
         frames, _, codes = roll(p, x0, v0, ctl, dt)
         return frames[-1:], codes
 
     measure = lambda frames: shape_measure(frames[-1], neck, rim)
-    extra = dict(state=None if state_path is None else os.path.abspath(state_path), resolution=sc["resolution"],
-                 window=dict(steps=len(jax.tree_util.tree_leaves(ctl)[0]), t0_s=window["t0"],
-                             t1_s=window["t1"], phases=window["phases"]))
-    return fit_shape(out, "bag", rollout, measure, window["params"], targets, options, groups, t_start, extra)
+    extra = dict(state=None if state_path is None else os.path.abspath(state_path), resolution=sc.resolution,
+                 window=dict(steps=len(jax.tree_util.tree_leaves(ctl)[0]), t0_s=window.t0,
+                             t1_s=window.t1, phases=window.phases))
+    return fit_shape(out, "bag", rollout, measure, window.params, targets=targets, options=options, groups=groups,
+                     t_start=t_start, extra=extra)
 
 
-def fit_shape(out, scene, rollout, measure, known, targets, options, groups, t_start, extra) -> dict:
+def fit_bag_state(out: str, state_path: str, steps: int, targets=None,
+                  options: ShapeFitOptions = ShapeFitOptions()) -> dict | None:
+    """``ipcjax fit --scene bag``: :func:`fitting.bag.bag_window` of ``steps`` steps from the
+    ``ipcjax bag`` state at ``state_path``, then :func:`fit_bag`. Returns None (and says why
+    on stderr) when the state cannot be read or the window's reference run fails."""
+    import sys
+
+    from fitting.bag import WindowFailed, bag_window
+
+    prepare(out)
+    try:
+        window = bag_window(state_path, steps)
+    except (ValueError, WindowFailed) as e:
+        print(f"fit: {e}", file=sys.stderr)
+        return None
+    return fit_bag(out, window, targets, options, state_path=state_path)
+
+
+def fit_shape(out, scene, rollout, measure, known, *, targets, options, groups, t_start, extra) -> dict:
     """Fit each group of POUCH_PARAMS to (neck x, neck y, flap) of ``rollout``'s last frame.
 
     One :class:`MeasuredRollout` over all three log-parameters serves the Jacobian at the
@@ -259,7 +317,7 @@ def fit_shape(out, scene, rollout, measure, known, targets, options, groups, t_s
 # --------------------------------------------------------------------------- cantilever
 
 
-def fit_cantilever(out: str, param: str = "bending_scale", target: float | None = None, start: float | None = None,
+def fit_cantilever(out: str, param: str = "bending_scale", *, target: float | None = None, start: float | None = None,
                    steps: int = 6, iterations: int = 80, lr: float = 0.1, progress: bool = True) -> dict:
     """One parameter of a clamped film from its tip height after ``steps`` steps of 1/240 s.
 
@@ -291,11 +349,11 @@ def fit_cantilever(out: str, param: str = "bending_scale", target: float | None 
     prepare(out)
     t_start = time.perf_counter()
     sc = cantilever_scene()
-    m = sc["model"]
+    m = sc.model
     roll = make_rollout(m, Config(), initial_capacity(m.topology), round_fp32=False)
     ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-10)] * int(steps))
-    x0 = jnp.asarray(sc["x"])
-    tip = jnp.asarray(sc["tip"])
+    x0 = jnp.asarray(sc.x)
+    tip = jnp.asarray(sc.tip)
 
     def rollout(p):
         frames, _, codes = roll(p, x0, jnp.zeros_like(x0), ctl, 1 / 240)

@@ -22,9 +22,12 @@ import dataclasses
 
 import numpy as np
 
+from ipcjax import runfolder
 from ipcjax.candidates import Capacity, GridCapacity
 from ipcjax.implicit import stack_controls
+from ipcjax.model import Config, Controls, Params
 from ipcjax.step import advance, make_state
+from scenes.scene import ByName
 
 
 ROLLOUT_MAX_NEWTON = 600
@@ -49,9 +52,29 @@ def with_headroom(capacity: Capacity, factor: float = 1.25) -> Capacity:
                              active=None if capacity.active is None else g(capacity.active))
 
 
+@dataclasses.dataclass(frozen=True)
+class BagWindow(ByName):
+    """A fitting window of the bag (:func:`bag_window`); ``window["x0"]`` also reads a
+    field (compatibility accessor, :class:`scenes.scene.ByName`)."""
+
+    scene: object             # scenes.bag.BagScene
+    params: Params            # the reference parameters
+    x0: np.ndarray            # (N, 3) FP64 start positions, m
+    v0: np.ndarray            # (N, 3) FP64 start velocities, m/s
+    controls: Controls        # time-indexed, one per step of the window
+    dt: float                 # s
+    capacity: Capacity        # covers every step of the reference run, with headroom
+    rollout_config: Config    # the scene's config with ROLLOUT_MAX_NEWTON
+    t0: float                 # window start, s
+    t1: float                 # window end, s
+    step0: int                # step index of the start
+    phases: list              # phase names in the window
+
+
 def load_state(path: str):
-    """An ``ipcjax bag`` state file: (npz, resolution). Raises ValueError naming what is missing."""
-    rs = np.load(path)
+    """An ``ipcjax bag`` state file: (arrays, resolution). Raises ValueError naming what is
+    missing or why the file cannot be read."""
+    rs = runfolder.read_npz(path, "--state")
     need = ("x", "v", "t", "step", "resolution")
     missing = [k for k in need if k not in rs.files]
     if missing:
@@ -69,10 +92,7 @@ def bag_window(state_path: str, steps: int, params=None):
       params: reference parameters (default: the scene's).
 
     Returns:
-      dict with scene (from ``bag_scene``), params, x0, v0 (FP64 (N, 3)), controls (time-indexed
-      :class:`Controls`), dt, capacity (covering every step of the reference run),
-      rollout_config (the scene's config with ``ROLLOUT_MAX_NEWTON``), t0, t1, step0 and
-      phases (phase names in the window).
+      a :class:`BagWindow`.
 
     Raises:
       ValueError: bad ``steps`` or state file. WindowFailed: the reference run failed.
@@ -83,12 +103,12 @@ def bag_window(state_path: str, steps: int, params=None):
         raise ValueError(f"steps must be a positive integer; got {steps}")
     rs, resolution = load_state(state_path)
     sc = bag_scene(resolution)
-    model, config, dt = sc["model"], sc["config"], sc["dt"]
-    params = sc["params"] if params is None else params
+    model, config, dt = sc.model, sc.config, sc.dt
+    params = sc.params if params is None else params
     if rs["x"].shape != (model.n_particles, 3):
         raise ValueError(f"{state_path}: x has shape {rs['x'].shape}; the {resolution} bag has "
                          f"{model.n_particles} particles")
-    choreo = sc["choreography"]
+    choreo = sc.choreography
     choreo.load_captures(rs)
     state = make_state(rs["x"], rs["v"], float(rs["t"]))
     x0, v0 = np.asarray(state.x, np.float64), np.asarray(state.v, np.float64)
@@ -107,6 +127,6 @@ def bag_window(state_path: str, steps: int, params=None):
         if ph not in phases:
             phases.append(ph)
     capacity = with_headroom(capacity)
-    return dict(scene=sc, params=params, x0=x0, v0=v0, controls=stack_controls(controls), dt=dt,
-                capacity=capacity, rollout_config=dataclasses.replace(config, max_newton=ROLLOUT_MAX_NEWTON),
-                t0=float(rs["t"]), t1=float(state.t), step0=k0, phases=phases)
+    return BagWindow(scene=sc, params=params, x0=x0, v0=v0, controls=stack_controls(controls), dt=dt,
+                     capacity=capacity, rollout_config=dataclasses.replace(config, max_newton=ROLLOUT_MAX_NEWTON),
+                     t0=float(rs["t"]), t1=float(state.t), step0=k0, phases=phases)

@@ -38,7 +38,7 @@ def _box_pairs(lo_a, hi_a, lo_b, hi_b, chunk=256):
     return np.concatenate(out, axis=0) if out else np.zeros((0, 2), np.int64)
 
 
-def segment_triangle_intersect(p0, p1, t0, t1, t2, eps=0.0):
+def segment_triangle_intersect(p0, p1, t0, t1, t2, *, eps=0.0):
     """Vectorised test: does segment p0→p1 cross triangle (t0, t1, t2)? (bool array)
 
     Möller–Trumbore in FP64: the segment parameter and the barycentrics must lie in

@@ -4,8 +4,10 @@ Every JSON file a job writes goes through :func:`write_json`, so the output is a
 valid JSON (RFC 8259 has no ``Infinity`` or ``NaN``): a non-finite float, such as the
 smallest gap of a run that measured none, is written as ``null``. :func:`prepare` makes
 the output folder and proves it writable *before* any simulation starts, so a bad
-``--out`` costs nothing. :func:`read_npz` reads an ``.npz`` a job left (without pickle),
-and :func:`write_state` / :func:`read_state` write and check the ``state.npz`` that
+``--out`` costs nothing. :func:`read_npz` reads an ``.npz`` a job left (without pickle);
+:func:`write_trajectory` / :func:`read_trajectory` write and check ``trajectory.npz`` (film
+(T, N_f, 3), spheres (T, S, 3), faces, time (T,)), the one layout every bag run (IPC or a
+baseline) leaves, and :func:`write_state` / :func:`read_state` the ``state.npz`` that
 ``ipcjax bag --resume`` continues from, so a bad file is refused before anything runs.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import os
 import zipfile
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +43,21 @@ def json_safe(obj):
 def dumps(obj) -> str:
     """``obj`` as indented, strictly valid JSON (see :func:`json_safe`)."""
     return json.dumps(json_safe(obj), indent=2, allow_nan=False)
+
+
+def read_json(path) -> dict:
+    """A JSON file a job wrote (e.g. ``summary.json``); ``{}`` when there is none.
+
+    Raises:
+        ValueError: the file is not valid JSON (one line naming it).
+    """
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def write_json(path, obj) -> str:
@@ -106,10 +124,51 @@ def read_npz(path, what: str = "file") -> Arrays:
         raise ValueError(f"{what} {path}: unreadable or corrupt .npz ({type(e).__name__}: {e})") from None
 
 
+class Trajectory(NamedTuple):
+    """The arrays of a ``trajectory.npz``; ``spheres`` is None for a film-only run (drape)."""
+
+    film: np.ndarray            # (T, N_f, 3) m
+    spheres: np.ndarray | None  # (T, S, 3) m
+    faces: np.ndarray           # (F, 3) film triangles
+    time: np.ndarray            # (T,) s
+
+
+def write_trajectory(path, trajectory: Trajectory) -> None:
+    """Write ``trajectory`` to ``path`` (compressed ``.npz``; no ``spheres`` key when None)."""
+    arrays = dict(film=trajectory.film, faces=trajectory.faces, time=np.asarray(trajectory.time))
+    if trajectory.spheres is not None:
+        arrays["spheres"] = trajectory.spheres
+    np.savez_compressed(path, **arrays)
+
+
+def read_trajectory(path, what: str = "file", *, spheres: bool = True) -> Trajectory:
+    """Read and check a :func:`write_trajectory` file: film (T, N, 3), spheres (T, S, 3)
+    (when ``spheres``), faces and time (T,) of one length T.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: one line naming the file and what
+            is wrong (corrupt, keys missing, shapes that disagree).
+    """
+    tr = read_npz(path, what)
+    need = ("film", "spheres", "time") if spheres else ("film", "time")
+    missing = [k for k in need if k not in tr]
+    if missing:
+        raise ValueError(f"{what} {path} without {', '.join(missing)}: not a bag run's trajectory")
+    film, time = tr["film"], tr["time"]
+    sph = tr["spheres"] if spheres else None
+    n = len(time) if time.ndim == 1 else -1
+    if film.ndim != 3 or film.shape[0] != n or film.shape[2:] != (3,) or (
+            sph is not None and (sph.ndim != 3 or sph.shape[0] != n or sph.shape[2:] != (3,))):
+        raise ValueError(f"{what} {path}: need film (T, N, 3), spheres (T, S, 3) and time (T,) of one "
+                         f"length; got {film.shape}, {None if sph is None else sph.shape}, {time.shape}")
+    return Trajectory(film, sph, tr.get("faces"), time)
+
+
 STATE_KEYS = ("x", "v", "t", "step", "unfold_checked", "resolution")  # besides capture_* arrays
 
 
-def write_state(path, x, v, t: float, step: int, unfold_checked: bool, resolution: str, captures: dict) -> None:
+def write_state(path, x, v, t: float, *, step: int, unfold_checked: bool, resolution: str,
+                captures: dict) -> None:
     """Write the state ``ipcjax bag --resume`` continues from: positions ``x`` and
     velocities ``v`` (N, 3) in m and m/s, time ``t`` in s, the step index, whether the
     unfold check has passed, the scene resolution, and ``captures`` ({``capture_NAME``:

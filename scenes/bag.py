@@ -1,4 +1,4 @@
-"""The bag experiment (spec §1, §5): a 30 µm disk bag, an open bin, a floor, seven spheres,
+"""The bag experiment (docs/spec.md §1, §5): a 30 µm disk bag, an open bin, a floor, seven spheres,
 and the spreading / cinching / tying choreography as data.
 
 Built only from the library's public API (``build_model``, ``Params``, ``Controls``,
@@ -11,7 +11,7 @@ Geometry (SI units; z up; the floor is the plane z = 0)
   vertices and C + 2C(R − 1) = 928 triangles; the rim is ring R (449–480) and the neck
   ring is ring 11 (321–352). For other ring counts the neck ring is ``round(11 R / 15)``
   (R = 7 → ring 5), the same proportion.
-* **Radii** (spec leaves the inner rings open). The disk radius is 0.24 m. The outer
+* **Radii** (docs/spec.md §5 leaves the inner rings open). The disk radius is 0.24 m. The outer
   rings, neck ring to rim, are equally spaced so that the reference edges along each
   column across them sum to 0.030 m (7.5 mm per edge at the defaults). The rings inside
   the neck are equally spaced in radius from the centre to the neck ring at 0.21 m
@@ -36,8 +36,8 @@ Geometry (SI units; z up; the floor is the plane z = 0)
   surface gaps ≥ 8 mm; all above the highest point the rim passes, 0.20 m).
 * The film starts flat at z = 0.14 m (34 mm above the wall tops), centred over the bin.
 
-Choreography (``Choreography``; spec §5 times, paths are our choice)
--------------------------------------------------------------------
+Choreography (``Choreography``; docs/spec.md §5 times, paths are our choice)
+---------------------------------------------------------------------------
 Support tracks are rows of data: a name, [t_on, t_off), particle indices, a stiffness
 per particle (N/m) and keyframes (time, targets). A keyframe's targets are an (n, 3)
 array; ``CAPTURE``, the supported points' positions when the track starts (a hand grabs
@@ -50,47 +50,48 @@ keyframes targets move along a smoothstep (zero velocity at each keyframe). Ever
 track has its own fixed block of support slots in ``Controls`` (k = 0 while inactive),
 so shapes never change across the run.
 
-=========  ===========  ================================  ======  ====================================
-track      time (s)     particles                          k N/m   path
-=========  ===========  ================================  ======  ====================================
-place      0.00–2.00    all rim points                     20      flat → circle r 0.13 m, z 0.20 (0.36 s)
-                                                                   → circle r 0.12 m, z 0.17 (0.72 s), hold
-lift       2.00–4.70    rim columns 0 and C/2              300     CAPTURE → up to z 0.40 and in to
-                                                                   x = ±0.03 m (2.90) → over to x 0.40
-                                                                   (3.70) → down to z 0.10 (4.50), hold
-unfold     4.70–5.50    all rim points                     10      CAPTURE → each rim point 32 mm over its
-                                                                   column's neck point and 8 mm further out
-                                                                   from the contents' centre (5.30), hold
-unfold2    5.50–6.05    all rim points                     10      the same again from where the neck ring
-                                                                   is at 5.50 (5.90), hold
-hold neck  4.70–6.05    neck ring                          10      CAPTURE, hold (keeps the neck down while
-                                                                   the flap is pulled taut)
-gather     6.05–7.40    all rim points                     10      CAPTURE → star over the contents' centre,
-                                                                   z 0.10: even columns on r 0.025 m, odd
-                                                                   ones out where rim neighbours are 0.9
-                                                                   rest rim edges apart (7.10), hold
-flap       7.40–9.40    5 rim columns round(jC/5)           50      CAPTURE, hold to 8.75 → circle r 0.035 m,
-                                                                   z 0.09 over the contents (9.40)
-cinch      7.40–9.40    every other column of the two       50      CAPTURE → circle r 0.015 m over the
-                        neck bands (rings neck, neck − 1)           contents, neck band z 0.07, lower band
-                                                                   0.6·(ring gap) below (8.40), hold
-=========  ===========  ================================  ======  ====================================
+=============  ===========  ==============================  ======  =====================================
+track          time (s)     particles                        k N/m   path
+=============  ===========  ==============================  ======  =====================================
+place          0.00–2.00    all rim points                   20      flat → circle r 0.13 m, z 0.20 (0.36 s)
+                                                                     → circle r 0.12 m, z 0.17 (0.72 s), hold
+lift           2.00–4.70    rim columns 0 and C/2            300     CAPTURE → up to z 0.40 and in to
+                                                                     x = ±0.03 m (2.90) → over to x 0.40
+                                                                     (3.70) → down to z 0.10 (4.50), hold
+spread neck    4.70–6.05    neck ring                        10      CAPTURE → circle r 0.205 m
+                                                                     (``SPREAD_NECK_RADIUS``, rest 0.21) at
+                                                                     z 0.004 (``SPREAD_Z``) around the
+                                                                     contents' centre (5.40), hold
+unfold         4.70–5.50    all rim points                   10      CAPTURE → circle r 0.227 m at z 0.024:
+                                                                     the neck circle plus 22 mm outward
+                                                                     (``UNFOLD_OUTWARD``) and 20 mm up
+                                                                     (``UNFOLD_RISE``) (5.40), hold
+unfold2        5.50–6.05    all rim points                   10      CAPTURE → each rim point 20 mm over
+                                                                     its column's neck point as it lies at
+                                                                     5.50 and 22 mm further out from the
+                                                                     contents' centre (5.90), hold
+gather         6.05–7.40    all rim points                   10      CAPTURE → star over the contents' centre,
+                                                                     z 0.10: even columns on r 0.025 m, odd
+                                                                     ones out where rim neighbours are 0.9
+                                                                     rest rim edges apart (7.10), hold
+flap           7.40–9.40    5 rim columns round(jC/5)        50      CAPTURE, hold to 8.75 → circle r 0.035 m,
+                                                                     z 0.09 over the contents (9.40)
+cinch          7.40–9.40    every other column of the two    50      CAPTURE → circle r 0.015 m over the
+                            neck bands (rings neck, neck − 1)        contents, neck band z 0.07, lower band
+                                                                     0.6·(ring gap) below (8.40), hold
+=============  ===========  ==============================  ======  =====================================
 
 * Why the place circle is 0.12 m at z 0.17 m: it is about what the film reaches without
   pleating. A flat disk can only become a sack by folding circumferentially, which 12
-  columns cannot do (membrane locking). With a tighter 0.08 m circle at z 0.13 m the
-  coarse rim lagged ≈ 4 cm behind its targets, the supports and the compressed membrane
-  stored ≈ 0.3 J, and when the place supports let go at 2.00 s the film sprang back and
-  launched the spheres out of the bag (first coarse run).
+  columns cannot do (membrane locking); a tighter circle leaves the rim lagging behind its
+  targets with energy stored in the supports and the compressed membrane, which springs
+  back when the place supports let go at 2.00 s.
 * Why the unfold spreads the bag first: the rim ring is 14 % longer than the neck ring
   (2π·0.24 vs 2π·0.21 m) and the film barely compresses in-plane, so a hand circle much
   smaller than the rim, or rim targets straight over a bunched-up neck, force the rim
-  polygon into a zigzag of alternating height and the zigzag's low columns fold back
-  down. In the coarse runs that made 5 of 12 columns fail :func:`check_unfolded` for two
-  hand circles (r 0.11 m at z 0.14 m and r 0.08 m at z 0.15 m), and 3 of 12 for rim
-  targets over the neck as it lay after set-down (with or without a hand holding the neck
-  down). Spreading the neck ring to near its rest radius gives the rim room for its
-  length; then every coarse column rises from neck to rim at 6.05 s.
+  polygon into a zigzag of alternating height whose low columns fold back down and fail
+  :func:`check_unfolded`. Spreading the neck ring to near its rest radius gives the rim
+  room for its length, so every column can rise from neck to rim by 6.05 s.
 * Drops: sphere j (in the order 26, 26, 26, 12, 12, 12, 25 mm) gets gravity from
   0.89 + j (1.60 − 0.89)/6 s.
 * Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between consecutive
@@ -103,8 +104,8 @@ cinch      7.40–9.40    every other column of the two       50      CAPTURE �
   step's start time. Activity (supports, ties, gravity cancellation, tolerance) is
   decided at the start time; targets and tie lengths are evaluated at the step's end
   time t + dt, the instant the implicit step solves for.
-* The spec's check that all columns unfold upward (:func:`check_unfolded`) runs when the
-  unfold track ends (6.05 s): along every column, z must increase strictly from the neck
+* The specification's check that all columns unfold upward (docs/spec.md §5,
+  :func:`check_unfolded`) runs when the unfold track ends (6.05 s): along every column, z must increase strictly from the neck
   ring to the rim.
 """
 from __future__ import annotations
@@ -116,7 +117,9 @@ import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64)
 from ipcjax.model import Config, Controls, Params, build_model, check_params
+from scenes import measure
 from scenes.film import FILM_DENSITY, FILM_THICKNESS, lumped_mass
+from scenes.scene import ByName
 
 DT = 1.0 / 240.0
 BIN_HEIGHT = 0.106
@@ -139,15 +142,15 @@ UNFOLD_OUTWARD = 0.022      # m: and this far outward from the contents' centre 
 # Heights over the floor for gathering and cinching. After the carry the seven spheres lie in
 # one layer on the floor (centres 14–28 mm up, tops ≈ 54 mm); the film from the bag's
 # centre under them, up their side and over their top leaves only a few cm to the neck, so
-# a rim gathered at 0.15 m (first coarse run) lifted the bag with its contents 40–70 mm off
-# the floor.
+# the rim is gathered low enough not to lift the bag and its contents off the floor.
 GATHER_Z = 0.10             # m: rim star after gathering: even columns on r 25 mm, odd columns
 GATHER_EDGE = 0.9           # out where consecutive rim points are 0.9 rim edges apart (pleats)
 NECK_Z = 0.07               # m: cinched neck band (r 15 mm); the lower band 0.6 ring gaps below
 FLAP_LOWERED_Z = 0.09       # m: the five flap supports' circle (r 35 mm) at release
-EPS_T = 1e-9  # s: comparisons of accumulated step times against phase boundaries
+MIN_LENGTH = 1e-12  # m: a horizontal offset shorter than this has no direction (no outward move)
+EPS_T = 1e-9  # s: slack when accumulated step times are compared with phase boundaries
 
-# Named phases, for progress display and for the measurements' windows (spec §5).
+# Named phases, for progress display and for the measurements' windows (docs/spec.md §5).
 PHASES = (
     ("place", 0.00, 0.72), ("hold", 0.72, 0.89), ("drops", 0.89, 1.60), ("settle", 1.60, 2.00),
     ("lift", 2.00, 4.70), ("unfold", 4.70, 6.05), ("gather", 6.05, 7.10), ("hold flap", 7.10, 7.40),
@@ -291,7 +294,7 @@ class Above:
         c = np.asarray(x, np.float64)[np.asarray(about), :2].mean(axis=0)
         d = p[:, :2] - c
         n = np.linalg.norm(d, axis=1, keepdims=True)
-        p[:, :2] += self.outward * np.where(n > 1e-12, d / np.maximum(n, 1e-12), 0.0)
+        p[:, :2] += self.outward * np.where(n > MIN_LENGTH, d / np.maximum(n, MIN_LENGTH), 0.0)
         p[:, 2] += self.rise
         return p
 
@@ -387,7 +390,7 @@ def _path(keys, t):
 
 @dataclass
 class Choreography:
-    """The spec §5 schedule as data, compiled into fixed-size :class:`Controls`.
+    """The docs/spec.md §5 schedule as data, compiled into fixed-size :class:`Controls`.
 
     Support slots: the tracks' particles concatenated in table order (a particle may sit in
     several tracks' slots; each is inactive outside its track). Tie slots: the tie track's
@@ -556,9 +559,9 @@ def _circle(n, r, z, center=(0.0, 0.0), phase=0.0):
     return np.stack([center[0] + r * np.cos(a), center[1] + r * np.sin(a), np.full(n, z)], axis=1)
 
 
-def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, gravity=(0, 0, -9.81),
+def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, *, gravity=(0, 0, -9.81),
                       dt: float = DT) -> Choreography:
-    """The spec §5 schedule for ``mesh`` (see the table in the module docstring)."""
+    """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring)."""
     C = mesh.columns
     rim = mesh.rim
     flat_rim = mesh.x[rim] + np.array([0.0, 0.0, FILM_Z0])
@@ -620,8 +623,38 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
 RESOLUTIONS = {"full": (15, 32), "coarse": (7, 12)}
 
 
+@dataclass(frozen=True)
+class BagScene(ByName):
+    """The bag experiment as built by :func:`bag_scene` (``scene["name"]`` also reads a
+    field: a compatibility accessor, see :class:`scenes.scene.ByName`).
+
+    Particles: film [0, N_f), spheres [N_f, N_f + 7), then bin and floor vertices (fixed,
+    zero mass). Index arrays are particle indices unless named triangles.
+    """
+
+    model: object                # ipcjax.model.Model
+    x: np.ndarray                # (N, 3) initial positions, m
+    params: Params               # material parameters (the film defaults unless given)
+    config: Config               # solver settings
+    dt: float                    # timestep, s
+    mesh: BagMesh                # the film's disk mesh
+    faces: np.ndarray            # (F, 3) film triangles (= mesh.triangles)
+    film: np.ndarray             # (N_f,) film particles
+    rim: np.ndarray              # (C,) rim ring
+    neck: np.ndarray             # (C,) neck ring
+    spheres: np.ndarray          # (7,) sphere centres
+    sphere_radius: np.ndarray    # (7,) m
+    bin: np.ndarray              # bin wall vertices
+    floor: np.ndarray            # floor vertices
+    bin_triangles: np.ndarray    # (B, 3) bin wall triangles (particle indices)
+    floor_triangles: np.ndarray  # (G, 3) floor triangles (particle indices)
+    choreography: Choreography   # the schedule; records its captures as a run goes
+    t_end: float                 # end of the protocol, s
+    resolution: str              # "full" or "coarse"
+
+
 def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: int | None = None,
-              params: Params | None = None, dhat: float = 1.0e-3, linear_solver: str = "sparse"):
+              params: Params | None = None, dhat: float = 1.0e-3, linear_solver: str = "sparse") -> BagScene:
     """The bag experiment. Particles: film [0, N_f), spheres [N_f, N_f + 7), then bin and
     floor vertices (fixed, zero mass).
 
@@ -629,8 +662,7 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     defaults to ``"sparse"`` (host LDLᵀ, exact like the dense Cholesky and, on the CPU,
     0.66× its Newton iteration on the 481-vertex bag: docs/benchmarks.md).
 
-    Returns a dict: model, x (initial positions, m), params, config, dt, mesh, faces,
-    index sets (film, rim, neck, spheres, bin, floor), sphere_radius, choreography, t_end.
+    Returns a :class:`BagScene`.
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {sorted(RESOLUTIONS)}; got {resolution!r}")
@@ -659,8 +691,8 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150,
                     linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)
-    choreo = make_choreography(mesh, n, spheres, sph_m, np.asarray(params.gravity), DT)
-    return dict(
+    choreo = make_choreography(mesh, n, spheres, sph_m, gravity=np.asarray(params.gravity), dt=DT)
+    return BagScene(
         model=model, x=x, params=params, config=config, dt=DT, mesh=mesh, faces=mesh.triangles,
         film=np.arange(nf), rim=mesh.rim, neck=mesh.neck, spheres=spheres, sphere_radius=radii,
         bin=np.arange(nf + n_s, nf + n_s + n_b), floor=np.arange(nf + n_s + n_b, n),
@@ -699,16 +731,14 @@ def check_unfolded(x, mesh: BagMesh):
 
 
 def neck_width(x, neck):
-    """(wx, wy) in m: max − min of x and of y over the neck-ring points."""
-    p = np.asarray(x)[np.asarray(neck)]
-    w = p.max(axis=0) - p.min(axis=0)
+    """(wx, wy) in m: max − min of x and of y over the neck-ring points (:mod:`scenes.measure`)."""
+    w = measure.neck_width(np.asarray(x), neck)
     return float(w[0]), float(w[1])
 
 
 def flap_height(x, rim, neck):
-    """Median z of the rim minus mean z of the neck ring, m."""
-    x = np.asarray(x)
-    return float(np.median(x[np.asarray(rim), 2]) - np.mean(x[np.asarray(neck), 2]))
+    """Median z of the rim minus mean z of the neck ring, m (:mod:`scenes.measure`)."""
+    return float(measure.flap_height(np.asarray(x), rim, neck))
 
 
 def _window(times, span):
@@ -738,7 +768,7 @@ def sphere_motion(spheres, times, span: float = 1.10):
     return dict(max_speed=speed.max(axis=0), final_speed=speed[-1], max_displacement=disp.max(axis=0))
 
 
-def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, span: float | None = None):
+def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, *, span: float | None = None):
     """Smallest film–sphere surface distance (m) over the frames (optionally only the final
     ``span`` s), by :func:`ipcjax.audit.audit_frame`."""
     from ipcjax.audit import audit_frame
@@ -754,21 +784,21 @@ def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, span: f
     return float(best)
 
 
-def measurements(film, spheres, times, scene) -> dict:
-    """The spec §5/§6 measurements of a saved trajectory (film (T, N_f, 3), spheres (T, 7, 3))."""
+def measurements(film, spheres, times, scene: BagScene) -> dict:
+    """The docs/spec.md §5/§6 measurements of a saved trajectory (film (T, N_f, 3), spheres (T, 7, 3))."""
     film, spheres = np.asarray(film), np.asarray(spheres)
-    wx, wy = neck_width(film[-1], scene["neck"])
+    wx, wy = neck_width(film[-1], scene.neck)
     mot = sphere_motion(spheres, times, 1.10)
     hr = sphere_height_range(spheres, times, 1.0)
     return dict(
         time_s=float(times[-1]),
         neck_width_mm=[1e3 * wx, 1e3 * wy],
-        flap_height_mm=1e3 * flap_height(film[-1], scene["rim"], scene["neck"]),
+        flap_height_mm=1e3 * flap_height(film[-1], scene.rim, scene.neck),
         sphere_height_range_final_1s_mm=(1e3 * hr).tolist(),
         max_sphere_height_range_final_1s_mm=float(1e3 * hr.max()),
         sphere_max_speed_final_1p1s_m_s=mot["max_speed"].tolist(),
         sphere_final_speed_m_s=mot["final_speed"].tolist(),
         sphere_max_displacement_final_1p1s_mm=(1e3 * mot["max_displacement"]).tolist(),
         min_film_sphere_gap_final_1p1s_mm=1e3 * min_film_sphere_gap(
-            film, spheres, scene["faces"], scene["sphere_radius"], times, 1.10),
+            film, spheres, scene.faces, scene.sphere_radius, times, span=1.10),
     )

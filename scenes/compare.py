@@ -11,13 +11,13 @@ shows its output for the coarse bag.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import NamedTuple
 
 import numpy as np
 
-from ipcjax.runfolder import json_safe, write_json
+from ipcjax import runfolder
+from scenes.bag import BagScene
 
 TIME_TOL = 1e-6  # s: frame times are multiples of 1/240 s accumulated in float64
 
@@ -37,23 +37,18 @@ def load_run(folder) -> Run:
     """Read ``trajectory.npz`` (and ``summary.json`` if present) from a run folder.
 
     Raises:
-        FileNotFoundError: no trajectory.npz. ValueError: inconsistent array shapes.
+        FileNotFoundError: no trajectory.npz. ValueError: a corrupt or inconsistent
+            trajectory.npz, or a summary.json that is not JSON (one line naming the file).
     """
     path = os.path.join(folder, "trajectory.npz")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{folder}: no trajectory.npz (is it a run folder of `ipcjax bag` or "
-                                f"`python -m scenes.vbd_bag`?)")
-    with np.load(path) as z:
-        film, spheres, faces, time = (np.asarray(z[k]) for k in ("film", "spheres", "faces", "time"))
-    if film.ndim != 3 or spheres.ndim != 3 or not (len(film) == len(spheres) == len(time)):
-        raise ValueError(f"{path}: need film (T, N, 3), spheres (T, S, 3) and time (T,) of one length; "
-                         f"got {film.shape}, {spheres.shape}, {time.shape}")
-    spath = os.path.join(folder, "summary.json")
-    summary = {}
-    if os.path.exists(spath):
-        with open(spath) as f:
-            summary = json.load(f)
-    return Run(film, spheres, faces, time, summary, str(folder))
+                                f"`python -m baselines.vbd_bag`?)")
+    tr = runfolder.read_trajectory(path, "run")
+    if tr.faces is None:
+        raise ValueError(f"run {path} without faces: not a bag run's trajectory")
+    summary = runfolder.read_json(os.path.join(folder, "summary.json"))
+    return Run(tr.film, tr.spheres, tr.faces, tr.time, summary, str(folder))
 
 
 def cut_at(run: Run, t: float) -> Run:
@@ -121,7 +116,7 @@ def resolution_of(run: Run) -> str:
     return res
 
 
-def scene_for(runs) -> dict:
+def scene_for(runs) -> BagScene:
     """The one :func:`scenes.bag.bag_scene` all runs were made of (their faces must be its faces)."""
     from scenes.bag import bag_scene
 
@@ -130,12 +125,12 @@ def scene_for(runs) -> dict:
         raise ValueError(f"the runs are of different bag resolutions: {sorted(res)}")
     sc = bag_scene(res.pop())
     for r in runs:
-        if r.faces.shape != sc["faces"].shape or not np.array_equal(r.faces, sc["faces"]):
-            raise ValueError(f"{r.folder}: its faces are not those of the {sc['resolution']} bag mesh")
+        if r.faces.shape != sc.faces.shape or not np.array_equal(r.faces, sc.faces):
+            raise ValueError(f"{r.folder}: its faces are not those of the {sc.resolution} bag mesh")
     return sc
 
 
-def evaluate(run: Run, t: float, scene) -> dict:
+def evaluate(run: Run, t: float, scene: BagScene) -> dict:
     """Measurements and self-intersection audit of ``run`` cut at ``t`` (same code for any solver).
 
     Returns a dict: time_s, frames, measurements (:func:`scenes.bag.measurements` of the cut
@@ -152,7 +147,7 @@ def evaluate(run: Run, t: float, scene) -> dict:
     cut = cut_at(run, t)
     nf, ns = cut.film.shape[1], cut.spheres.shape[1]
     audit = audit_trajectory(np.concatenate([cut.film, cut.spheres], axis=1), cut.faces,
-                             np.arange(nf, nf + ns), scene["sphere_radius"])
+                             np.arange(nf, nf + ns), scene.sphere_radius)
     inter = np.asarray(audit["intersecting_pairs"])
     first = float(cut.time[np.argmax(inter > 0)]) if (inter > 0).any() else None
     return dict(
@@ -213,7 +208,7 @@ def markdown_table(results: dict) -> str:
     return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|", *map(line, rows[1:])])
 
 
-def side_by_side(path, runs: dict, t: float, scene) -> str:
+def side_by_side(path, runs: dict, t: float, scene: BagScene) -> str:
     """One PNG with the two shapes at ``t``, one panel per solver, same axes and bin outline.
 
     Each panel is drawn by :func:`scenes.outputs.render_frame` (into a temporary PNG next to
@@ -224,15 +219,16 @@ def side_by_side(path, runs: dict, t: float, scene) -> str:
     plt = _plt()
     cuts = {name: cut_at(run, t) for name, run in runs.items()}
     pts = np.concatenate([np.concatenate([c.film[-1], c.spheres[-1]]) for c in cuts.values()])
-    r = float(np.max(scene["sphere_radius"]))
+    r = float(np.max(scene.sphere_radius))
     lo, hi = pts.min(axis=0) - r, pts.max(axis=0) + r
     mid, half = (lo + hi) / 2, float(np.max(hi - lo)) / 2 * 1.05
     bounds = (mid - half, mid + half)
-    obstacles = (np.asarray(scene["x"]), np.asarray(scene["bin_triangles"]))
+    obstacles = (np.asarray(scene.x), np.asarray(scene.bin_triangles))
     panels = []
     for name, c in cuts.items():
         tmp = f"{path}.{len(panels)}.tmp.png"
-        render_frame(tmp, c.film[-1], c.faces, c.spheres[-1], scene["sphere_radius"], obstacles,
+        render_frame(tmp, c.film[-1], c.faces, spheres=c.spheres[-1], sphere_radius=scene.sphere_radius,
+                     obstacles=obstacles,
                      title=f"{name}, t = {c.time[-1]:.3f} s", bounds=bounds)
         panels.append(tmp)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 5))
@@ -270,13 +266,66 @@ def compare_runs(runs: dict, out: str, at: float | None = None, timing_note: str
     ]
     os.makedirs(out, exist_ok=True)
     png = side_by_side(os.path.join(out, "comparison.png"), runs, t, scene)
-    md = f"# Bag, {scene['resolution']}: side by side at t = {t:.3f} s\n\n{table}\n\n" + \
+    md = f"# Bag, {scene.resolution}: side by side at t = {t:.3f} s\n\n{table}\n\n" + \
         "\n".join(f"* {n}" for n in notes) + "\n\n![shapes at t](comparison.png)\n"
     with open(os.path.join(out, "comparison.md"), "w") as f:
         f.write(md)
-    data = dict(instant_s=t, resolution=scene["resolution"], results=results, table=table, notes=notes,
+    data = dict(instant_s=t, resolution=scene.resolution, results=results, table=table, notes=notes,
                 markdown="comparison.md", picture=os.path.basename(png))
-    data = json_safe(data)
-    write_json(os.path.join(out, "comparison.json"), data)
+    data = runfolder.json_safe(data)
+    runfolder.write_json(os.path.join(out, "comparison.json"), data)
     return data
 
+
+
+def compare_job(out: str, *, ipc: str | None = None, vbd: str | None = None, at: float | None = None,
+                run=None) -> dict:
+    """What ``ipcjax compare`` does: compare two run folders, or make both runs first.
+
+    Args:
+        out: output folder (checked writable by the caller).
+        ipc, vbd: run folders of ``ipcjax bag`` and ``python -m baselines.vbd_bag``.
+        at: instant, s (default: the latest time both runs reached).
+        run: a :class:`scenes.bag_run.BagRunOptions` (``out``, ``resolution``, ``until``,
+            ``linear_solver`` used) to run both solvers now into ``out/ipc`` and
+            ``out/vbd`` instead of reading ``ipc`` and ``vbd``; the VBD run needs Newton.
+    Returns:
+        The comparison.json dict (see :func:`compare_runs`) with the job's timings.
+    """
+    import platform
+    import time
+
+    timings = {}
+    if run is not None:
+        import dataclasses
+        import importlib.util
+
+        from baselines.vbd_bag import run_vbd
+        from scenes.bag_run import run_bag
+
+        if importlib.util.find_spec("newton") is None:  # before the IPC run, not after it
+            raise ValueError("--run needs Newton for the VBD run: pip install -e '.[newton]'")
+        ipc, vbd = os.path.join(out, "ipc"), os.path.join(out, "vbd")
+        t0 = time.perf_counter()
+        run_bag(dataclasses.replace(run, out=ipc))
+        t1 = time.perf_counter()
+        run_vbd(run.resolution, run.until, vbd)
+        t2 = time.perf_counter()
+        timings = dict(ipc_job_s=t1 - t0, vbd_job_s=t2 - t1)
+        note = (f"Both runs were made by this command, one after the other, in the same session on "
+                f"{platform.node()} ({os.cpu_count()} CPUs); whole jobs incl. compilation and set-up: IPC "
+                f"{t1 - t0:.0f} s, VBD {t2 - t1:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.")
+    else:
+        def stamp(d):
+            p = os.path.join(d, "summary.json")
+            return time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(p))) if os.path.exists(p) else "?"
+
+        note = (f"Reused run folders: the wall times were not measured by this command, nor necessarily in "
+                f"the same session or under the same load (summary.json written {stamp(ipc)} for IPC, "
+                f"{stamp(vbd)} for VBD).")
+    t_eval = time.perf_counter()
+    runs = {"ipcjax IPC": load_run(ipc), "Newton VBD": load_run(vbd)}
+    data = compare_runs(runs, out, at, timing_note=note)
+    data.update(timings, evaluate_s=time.perf_counter() - t_eval, same_session=run is not None)
+    runfolder.write_json(os.path.join(out, "comparison.json"), data)
+    return data

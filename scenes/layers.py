@@ -13,10 +13,12 @@ floor's diagonal runs under film vertices and the two layers' edges are parallel
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ipcjax.model import build_model
-from scenes.film import film_grid, lumped_mass
+from scenes.film import FilmScene, film_grid, lumped_mass
 
 GAP = 0.6e-3  # m between floor, lower layer and upper layer
 
@@ -29,11 +31,19 @@ def _rotate(p, angle, offset):
     return out
 
 
+@dataclass(frozen=True)
+class LayersScene(FilmScene):
+    """:func:`layers_scene`: film particles [0, n_film), ``upper`` the upper layer's."""
+
+    n_film: int = 0
+    upper: np.ndarray | None = None
+
+
 def layers_scene(n: int = 4, size: float = 0.02, slide: float = 0.05, degenerate: bool = False):
     """Two n × n film layers of side ``size`` (m) on a fixed floor; the upper one slides
     along x at ``slide`` m/s.
 
-    Returns dict(model, x, v, n_film, upper) with ``upper`` the upper layer's indices.
+    Returns a :class:`LayersScene`.
     """
     lower, tris = film_grid(n, size, z=GAP)
     upper, _ = film_grid(n, size, z=2 * GAP)
@@ -52,4 +62,4 @@ def layers_scene(n: int = 4, size: float = 0.02, slide: float = 0.05, degenerate
                         fixed=fixed)
     v = np.zeros_like(x)
     v[nl:nf, 0] = slide
-    return dict(model=model, x=x, v=v, n_film=nf, upper=np.arange(nl, nf))
+    return LayersScene(model=model, x=x, v=v, n_film=nf, upper=np.arange(nl, nf))

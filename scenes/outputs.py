@@ -2,8 +2,9 @@
 sequence for ParaView or Blender (meshio), a time-series plot of the measurements, and
 rendered snapshots of the key phases (matplotlib, headless).
 
-Every function takes plain arrays (film (T, N_f, 3), spheres (T, S, 3), faces, times), so
-it works on any trajectory with that layout: ours, Newton VBD's, an imported sequence.
+Every function takes a :class:`ipcjax.runfolder.Trajectory` (film (T, N_f, 3), spheres
+(T, S, 3), faces, time (T,)) or one frame's arrays, so it works on any trajectory with that
+layout: ours, Newton VBD's, an imported sequence.
 """
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import os
 from xml.sax.saxutils import quoteattr
 
 import numpy as np
+
+TIME_SLACK = 1e-9  # s: a phase that ends within this of the last frame counts as reached
+FLAT = 1e-9        # m: height span below which the film is coloured as flat
 
 
 # --------------------------------------------------------------------------- meshes
@@ -55,8 +59,8 @@ def _frame_mesh(film, spheres, faces, radii, unit):
     return np.concatenate(pts), np.concatenate(tris), np.concatenate(body)
 
 
-def export_meshes(folder, film, spheres, faces, sphere_radius, times, *, every: int = 1,
-                  formats=("vtu", "obj"), prefix: str = "frame"):
+def export_meshes(folder, trajectory, sphere_radius, *, every: int = 1, formats=("vtu", "obj"),
+                  prefix: str = "frame"):
     """Write the trajectory as a mesh sequence with meshio.
 
     For every ``every``-th frame: ``{prefix}_{i:05d}.vtu`` (film and spheres as one mesh,
@@ -65,7 +69,8 @@ def export_meshes(folder, film, spheres, faces, sphere_radius, times, *, every: 
     """
     import meshio
 
-    film, spheres, times = np.asarray(film), np.asarray(spheres), np.asarray(times)
+    film, spheres, times = (np.asarray(a) for a in (trajectory.film, trajectory.spheres, trajectory.time))
+    faces = trajectory.faces
     if film.ndim != 3 or spheres.ndim != 3 or len(film) != len(spheres) or len(film) != len(times):
         raise ValueError(f"need film (T, N, 3), spheres (T, S, 3) and times (T,) of one length T; got "
                          f"{film.shape}, {spheres.shape}, {times.shape}")
@@ -115,15 +120,16 @@ def _shade_phases(ax, phases, t_max):
             ax.axvspan(a, min(b, t_max), color="0.93", lw=0)
 
 
-def plot_timeseries(path, times, film, rim, neck, audit=None, phases=(), title="bag"):
-    """Neck width (x, y), flap height and the minimum film–film / film–sphere distances
-    (from an :func:`ipcjax.audit.audit_trajectory` dict) against time, saved as a PNG."""
+def plot_timeseries(path, trajectory, rim, neck, *, audit=None, phases=(), title="bag"):
+    """Neck width (x, y), flap height (``rim``, ``neck``: film vertex indices) and the minimum
+    film–film / film–sphere distances (from an :func:`ipcjax.audit.audit_trajectory` dict)
+    against time, saved as a PNG."""
     plt = _plt()
-    times, film = np.asarray(times), np.asarray(film)
-    p = film[:, np.asarray(neck)]
-    wx = p[..., 0].max(axis=1) - p[..., 0].min(axis=1)
-    wy = p[..., 1].max(axis=1) - p[..., 1].min(axis=1)
-    flap = np.median(film[:, np.asarray(rim), 2], axis=1) - p[..., 2].mean(axis=1)
+    from scenes.measure import flap_height, neck_width
+
+    times, film = np.asarray(trajectory.time), np.asarray(trajectory.film)
+    wx, wy = neck_width(film, neck).T
+    flap = flap_height(film, rim, neck)
     rows = 3 if audit is not None else 2
     fig, axes = plt.subplots(rows, 1, figsize=(8, 2.4 * rows), sharex=True)
     t_max = float(times[-1]) if len(times) else 0.0
@@ -153,7 +159,7 @@ def plot_timeseries(path, times, film, rim, neck, audit=None, phases=(), title="
     return path
 
 
-def render_frame(path, film, faces, spheres=(), sphere_radius=(), obstacles=None, title="",
+def render_frame(path, film, faces, *, spheres=(), sphere_radius=(), obstacles=None, title="",
                  bounds=None):
     """A matplotlib 3-D picture of one frame: film triangles shaded by height, spheres as
     wireframe balls, optional obstacle triangles (vertices, triangles) in light grey."""
@@ -169,7 +175,7 @@ def render_frame(path, film, faces, spheres=(), sphere_radius=(), obstacles=None
                                              edgecolor=(0.6, 0.6, 0.6, 0.2), lw=0.2))
     tri = film[np.asarray(faces)]
     z = tri[..., 2].mean(axis=1)
-    zn = (z - z.min()) / max(np.ptp(z), 1e-9)
+    zn = (z - z.min()) / max(np.ptp(z), FLAT)
     colors = plt.get_cmap("viridis")(0.15 + 0.75 * zn)
     colors[:, 3] = 0.85
     ax.add_collection3d(Poly3DCollection(tri, facecolor=colors, edgecolor=(0, 0, 0, 0.25), lw=0.2))
@@ -198,15 +204,14 @@ def render_frame(path, film, faces, spheres=(), sphere_radius=(), obstacles=None
     return path
 
 
-def phase_snapshots(folder, times, film, spheres, faces, sphere_radius, phases, obstacles=None,
-                    prefix: str = "snapshot"):
+def phase_snapshots(folder, trajectory, sphere_radius, phases, *, obstacles=None, prefix: str = "snapshot"):
     """Render the frame closest to the end of each phase that the trajectory reaches (and
     the first and last frames) as PNGs. Returns the written paths."""
-    times = np.asarray(times)
+    times, film, spheres = np.asarray(trajectory.time), trajectory.film, trajectory.spheres
     os.makedirs(folder, exist_ok=True)
     picks = [(0, "start")]
     for name, _a, b in phases:
-        if b <= times[-1] + 1e-9:
+        if b <= times[-1] + TIME_SLACK:
             picks.append((int(np.argmin(np.abs(times - b))), f"end of {name}"))
     picks.append((len(times) - 1, "last frame"))
     seen, out = set(), []
@@ -215,7 +220,7 @@ def phase_snapshots(folder, times, film, spheres, faces, sphere_radius, phases, 
             continue
         seen.add(i)
         path = os.path.join(folder, f"{prefix}_{i:05d}.png")
-        render_frame(path, film[i], faces, spheres[i], sphere_radius, obstacles,
-                     title=f"t = {times[i]:.2f} s ({label})")
+        render_frame(path, film[i], trajectory.faces, spheres=spheres[i], sphere_radius=sphere_radius,
+                     obstacles=obstacles, title=f"t = {times[i]:.2f} s ({label})")
         out.append(path)
     return out

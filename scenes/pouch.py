@@ -42,19 +42,27 @@ Why these levers: E sets how far the pinched membrane springs back against the t
 D = Eh³/12(1 − ν²)) the flap's sag. Gradients and the measured Jacobian are in
 docs/differentiation.md ("Default fit: the pouch").
 
-Measurements (spec §5, as differentiable ``jnp`` functions of one frame):
-neck width = max − min of x and of y over the neck ring; flap height = median z of the
-rim minus mean z of the neck ring.
+Measurements (docs/spec.md §5; :mod:`scenes.measure`, the bag's own, differentiable on
+JAX input): neck width = max − min of x and of y over the neck ring; flap height = median
+z of the rim minus mean z of the neck ring.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64)
+from ipcjax.candidates import Capacity
 from ipcjax.model import Config, Controls, Params, build_model, check_controls, check_dt
 from scenes.bag import SPHERE_DENSITY, bag_mesh, ring_index, smoothstep
 from scenes.film import lumped_mass
+from scenes.measure import flap_height, neck_width
+from scenes.measure import shape as measure
+from scenes.scene import ByName
+
+__all__ = ["PouchScene", "pouch_scene", "pouch_profile", "neck_width", "flap_height", "measure"]
 
 DT = 1.0 / 60.0
 RADIUS = 0.020        # sphere radius, m
@@ -91,10 +99,31 @@ def pouch_profile(radius: float = RADIUS, offset: float = OFFSET):
     return np.asarray(prof), zc
 
 
-def pouch_scene(columns: int = 8, n_cinch: int = 5, n_tie: int = 3, n_release: int = 3, n_settle: int = 4,
+@dataclass(frozen=True)
+class PouchScene(ByName):
+    """The pouch as built by :func:`pouch_scene` (``scene["x"]`` also reads a field:
+    compatibility accessor, :class:`scenes.scene.ByName`)."""
+
+    model: object               # ipcjax.model.Model
+    capacity: Capacity | None   # candidate buffers for a rollout (None: use initial_capacity)
+    x: np.ndarray               # (N, 3) start positions, m: film, sphere centre, floor
+    v: np.ndarray               # (N, 3) start velocities, m/s (zero)
+    controls: Controls          # stacked per step (leading axis = steps)
+    controls_list: list         # the same, one Controls per step
+    dt: float                   # timestep, s
+    neck: np.ndarray            # (C,) neck-ring particles
+    rim: np.ndarray             # (C,) rim particles
+    sphere: int                 # the sphere centre's particle index
+    film_triangles: np.ndarray  # (F, 3)
+    n_film: int                 # film particles (they come first)
+    params: Params              # the film defaults
+    config: Config              # solver settings
+
+
+def pouch_scene(columns: int = 8, *, n_cinch: int = 5, n_tie: int = 3, n_release: int = 3, n_settle: int = 4,
                 dt: float = DT, offset: float = OFFSET, pinch: float = 0.6,
                 drag: float = 0.004, lift: float = 0.001, k_neck: float = 100.0, k_rim: float = 20.0,
-                k_tie: float = 250.0, tie_ratio: float = 0.9, tolerance: float = 1e-9):
+                k_tie: float = 250.0, tie_ratio: float = 0.9, tolerance: float = 1e-9) -> PouchScene:
     """Build the pouch: model, start positions and the stacked per-step Controls.
 
     Args:
@@ -111,9 +140,7 @@ def pouch_scene(columns: int = 8, n_cinch: int = 5, n_tie: int = 3, n_release: i
         tie_ratio: final tie length over the pinched neck's width at the tied columns.
         tolerance: Newton tolerance on max|Δx|, m (tight, so that gradients are clean).
     Returns:
-        dict(model, capacity (None: use initial_capacity), x, v, controls (stacked, leading
-        axis = steps), controls_list, dt, neck, rim, sphere, film_triangles, n_film, params
-        (the film defaults), config).
+        a :class:`PouchScene`.
     """
     phases = (n_cinch, n_tie, n_release, n_settle)
     if min(phases) < 1:
@@ -177,29 +204,14 @@ def pouch_scene(columns: int = 8, n_cinch: int = 5, n_tie: int = 3, n_release: i
         ctls.append(c._replace(support_index=jnp.asarray(sup_idx), support_k=jnp.asarray(k_hand * held),
                                support_target=jnp.asarray(target), tie_pairs=jnp.asarray(pairs),
                                tie_k=jnp.full(len(kk), k_tie * (i >= t_tie)), tie_length=jnp.asarray(length)))
-    from ipcjax.candidates import Capacity, GridCapacity
+    from ipcjax.candidates import GridCapacity
     from ipcjax.implicit import stack_controls
     # buffers ~1.5× the needs a host run of the default choreography reported (C = 8);
     # a rollout that overflows says so in its codes (CAPACITY_OVERFLOW)
     capacity = Capacity(vt=414, ee=942, sf=294, face_grid=GridCapacity(2616, 8316, 6264),
                         edge_grid=GridCapacity(3228, 3228, 15840)) if columns == 8 else None
     controls = check_controls(model, stack_controls(ctls), time_axis=True)
-    return dict(model=model, capacity=capacity, x=x, v=np.zeros_like(x), controls=controls, controls_list=ctls, dt=dt,
-                neck=neck, rim=rim, sphere=sphere, film_triangles=tris, n_film=n_film,
-                params=Params.film_defaults(), config=Config())
+    return PouchScene(model=model, capacity=capacity, x=x, v=np.zeros_like(x), controls=controls,
+                      controls_list=ctls, dt=dt, neck=neck, rim=rim, sphere=sphere, film_triangles=tris,
+                      n_film=n_film, params=Params.film_defaults(), config=Config())
 
-
-def neck_width(x, neck):
-    """(wx, wy), m: max − min of x and of y over the neck-ring points of one frame x (N, 3)."""
-    p = x[jnp.asarray(neck)]
-    return jnp.max(p[:, :2], axis=0) - jnp.min(p[:, :2], axis=0)
-
-
-def flap_height(x, rim, neck):
-    """Median z of the rim minus mean z of the neck ring, m."""
-    return jnp.median(x[jnp.asarray(rim), 2]) - jnp.mean(x[jnp.asarray(neck), 2])
-
-
-def measure(x, neck, rim):
-    """(neck width x, neck width y, flap height) of one frame, m: the fit's measurement vector."""
-    return jnp.concatenate([neck_width(x, neck), flap_height(x, rim, neck)[None]])

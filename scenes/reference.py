@@ -1,4 +1,4 @@
-"""The spec's §6 small reference solves, printed as JSON:
+"""The small reference solves of docs/spec.md §6, printed as JSON:
 
     python3 -m scenes.reference
 
@@ -34,8 +34,8 @@ def _segment_distance(p0, p1, q0, q1, samples=2001):
 
 
 def _run(sc, steps, params=None):
-    m = sc["model"]
-    frames, _, reports = simulate(m, params or Params.film_defaults(), make_state(sc["x"], sc.get("v")),
+    m = sc.model
+    frames, _, reports = simulate(m, params or Params.film_defaults(), make_state(sc.x, sc.v),
                                   Controls.empty(m.n_particles, tolerance=TOL), steps, dt=DT, config=Config())
     return frames.astype(np.float64), reports
 
@@ -53,8 +53,8 @@ def main():
     out["edge_edge"] = dict(min_distance_um=1e6 * min(d), first_step_bound=reps[0].min_step_bound,
                             newton_iterations=sum(r.iterations for r in reps))
     sc = hinge_scene()
-    h = np.asarray(sc["model"].hinges)[0]
-    frames, _ = _run(dict(model=sc["model"], x=sc["x"]), 12, Params.film_defaults(gravity=(0.0, 0.0, 0.0)))
+    h = np.asarray(sc.model.hinges)[0]
+    frames, _ = _run(sc, 12, Params.film_defaults(gravity=(0.0, 0.0, 0.0)))
     ang = [float(np.degrees(dihedral_angle(*f[h]))) for f in frames]
     out["hinge"] = dict(angle_start_deg=ang[0], angle_end_deg=ang[-1])
     frames, reps = _run(vertex_triangle_scene(speed=20.0), 1)

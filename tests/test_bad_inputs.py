@@ -31,7 +31,7 @@ OUT_OF_RANGE = {
 @pytest.fixture(scope="module")
 def scene():
     sc = drape_scene(n=4, size=0.03, sphere_radius=0.01, gap=0.5e-3)
-    return sc["model"], np.asarray(sc["x"], np.float32)
+    return sc.model, np.asarray(sc.x, np.float32)
 
 
 def _state(x):
@@ -202,7 +202,8 @@ N_STATE = 12
 def _valid_state(path):
     from ipcjax.runfolder import write_state
     x = np.linspace(0.0, 1.0, N_STATE * 3).reshape(N_STATE, 3)
-    write_state(path, x, np.zeros_like(x), 0.5, 120, True, "coarse", {"capture_tie": np.ones(4)})
+    write_state(path, x, np.zeros_like(x), 0.5, step=120, unfold_checked=True, resolution="coarse",
+                captures={"capture_tie": np.ones(4)})
 
 
 @settings(deadline=2000, max_examples=40)

@@ -1,4 +1,4 @@
-"""The bag experiment (spec §5): mesh, scene, the seed's 2-step check, choreography, measurements."""
+"""The bag experiment (docs/spec.md §5): mesh, scene, the specification's 2-step check, choreography, measurements."""
 import jax
 import numpy as np
 import pytest
@@ -61,11 +61,11 @@ def test_bad_mesh_arguments_are_rejected():
 
 def test_scene_materials_bodies_and_index_sets():
     sc = B.bag_scene("coarse")
-    m = sc["model"]
+    m = sc.model
     mass, fixed, radius = np.asarray(m.mass), np.asarray(m.fixed), np.asarray(m.radius)
-    film, sph = sc["film"], sc["spheres"]
+    film, sph = sc.film, sc.spheres
     # film: areal density 0.02775 kg/m² lumped onto the vertices, free, no radius
-    ref_area = _areas_and_normals(sc["mesh"])[0].sum()
+    ref_area = _areas_and_normals(sc.mesh)[0].sum()
     assert mass[film].sum() == pytest.approx(0.02775 * ref_area, rel=1e-12)
     assert not fixed[film].any() and np.all(radius[film] == 0)
     # seven spheres: radii and masses 250 kg/m³ · 4πR³/3
@@ -73,32 +73,32 @@ def test_scene_materials_bodies_and_index_sets():
     np.testing.assert_allclose(mass[sph], 250 * 4 / 3 * np.pi * radius[sph] ** 3, rtol=1e-12)
     # bin and floor: fixed zero-mass triangle vertices; the bin is 106 mm tall
     for key in ("bin", "floor"):
-        idx = sc[key]
+        idx = getattr(sc, key)
         assert len(idx) and fixed[idx].all() and np.all(mass[idx] == 0) and np.all(radius[idx] == 0)
-    assert np.ptp(sc["x"][sc["bin"], 2]) == pytest.approx(0.106)
-    assert np.all(sc["x"][sc["floor"], 2] == 0)
-    # material and solver settings of the spec
-    p, cfg = sc["params"], sc["config"]
+    assert np.ptp(sc.x[sc.bin, 2]) == pytest.approx(0.106)
+    assert np.all(sc.x[sc.floor, 2] == 0)
+    # material and solver settings of the specification (docs/spec.md §3, §4)
+    p, cfg = sc.params, sc.config
     assert cfg.membrane == "neo_hookean" and cfg.bending == "hinge"
     assert (cfg.dhat, cfg.min_gap, cfg.max_newton) == (1.0e-3, 0.030e-3, 150)
     assert float(p.youngs_modulus) == 315e6 and float(p.poisson) == 0.45 and float(p.thickness) == 30e-6
     assert float(p.friction) == 0.35 and float(p.barrier_stiffness) == 1000.0 and float(p.drag) == 12.0
-    assert sc["dt"] == pytest.approx(1 / 240)
+    assert sc.dt == pytest.approx(1 / 240)
 
 
-def test_seed_two_step_bag_check_full_resolution():
-    """Spec §6 bag integration: 2 steps of the 481-vertex scene, Neo-Hookean, seven spheres,
+def test_spec_two_step_bag_check_full_resolution():
+    """docs/spec.md §6 bag integration: 2 steps of the 481-vertex scene, Neo-Hookean, seven spheres,
     bin and floor; output shapes (3, 481, 3), (3, 7, 3), (928, 3); audit finds no intersection."""
     sc = B.bag_scene("full")
-    m, ch = sc["model"], sc["choreography"]
-    assert sc["config"].membrane == "neo_hookean"
-    assert len(sc["spheres"]) == 7 and len(sc["bin"]) > 0 and len(sc["floor"]) > 0
-    frames, times, reps = simulate(m, sc["params"], make_state(sc["x"]), ch.controls_at, 2, dt=sc["dt"], config=sc["config"])
-    film, spheres, faces = frames[:, sc["film"]], frames[:, sc["spheres"]], sc["faces"]
+    m, ch = sc.model, sc.choreography
+    assert sc.config.membrane == "neo_hookean"
+    assert len(sc.spheres) == 7 and len(sc.bin) > 0 and len(sc.floor) > 0
+    frames, times, reps = simulate(m, sc.params, make_state(sc.x), ch.controls_at, 2, dt=sc.dt, config=sc.config)
+    film, spheres, faces = frames[:, sc.film], frames[:, sc.spheres], sc.faces
     assert film.shape == (3, 481, 3) and spheres.shape == (3, 7, 3) and faces.shape == (928, 3)
     np.testing.assert_allclose(times, [0, 1 / 240, 2 / 240])
     assert all(r.ok for r in reps) and min(r.min_gap for r in reps) > 0
-    audit = audit_trajectory(np.concatenate([film, spheres], axis=1), faces, np.arange(481, 488), sc["sphere_radius"])
+    audit = audit_trajectory(np.concatenate([film, spheres], axis=1), faces, np.arange(481, 488), sc.sphere_radius)
     assert audit["frames_with_self_intersection"] == 0
     # spheres wait (gravity cancelled), the film falls and is pulled by the rim supports
     np.testing.assert_allclose(spheres[-1], spheres[0], atol=1e-7)
@@ -108,18 +108,18 @@ def test_seed_two_step_bag_check_full_resolution():
 # --------------------------------------------------------------------------- choreography
 
 def _all_captured(sc):
-    ch = sc["choreography"]
-    ch.observe(sc["t_end"], sc["x"])  # stand-in grab positions for every track
+    ch = sc.choreography
+    ch.observe(sc.t_end, sc.x)  # stand-in grab positions for every track
     return ch
 
 
 def test_controls_have_fixed_shapes_and_do_not_recompile():
     sc = B.bag_scene("coarse")
     ch = _all_captured(sc)
-    dt = sc["dt"]
+    dt = sc.dt
     total = jax.jit(lambda c: c.support_k.sum() + c.tie_k.sum() + c.force.sum() + c.support_target.sum())
     shapes = None
-    for i in range(0, int(round(sc["t_end"] / dt)) + 1, 7):
+    for i in range(0, int(round(sc.t_end / dt)) + 1, 7):
         c = ch.controls_at(i, i * dt)
         s = jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), c)
         shapes = s if shapes is None else shapes
@@ -131,9 +131,9 @@ def test_controls_have_fixed_shapes_and_do_not_recompile():
 def test_supports_ties_gravity_and_tolerance_schedule():
     sc = B.bag_scene("coarse")
     ch = _all_captured(sc)
-    dt = sc["dt"]
+    dt = sc.dt
     at = lambda t: ch.controls_at(int(round(t / dt)), t)
-    steps = np.arange(int(round(sc["t_end"] / dt)))
+    steps = np.arange(int(round(sc.t_end / dt)))
     k_support = np.array([float(np.max(at(i * dt).support_k)) for i in steps])
     t = steps * dt
     assert np.all(k_support[t >= 9.40 - 1e-9] == 0)      # released at 9.40 s
@@ -154,21 +154,21 @@ def test_supports_ties_gravity_and_tolerance_schedule():
         np.testing.assert_allclose(before, -ch.sphere_mass[j] * g)
         assert np.all(after == 0)
     assert 0.89 == pytest.approx(ch.drop_times[0]) and 1.60 == pytest.approx(ch.drop_times[-1])
-    assert np.all(np.asarray(at(0.0).force)[sc["film"]] == 0)
+    assert np.all(np.asarray(at(0.0).force)[sc.film] == 0)
     assert float(at(9.39).tolerance) == 0.012e-3 and float(at(9.40).tolerance) == 0.0005e-3
 
 
 def test_grabbing_tracks_start_where_the_film_is_and_need_a_capture():
     sc = B.bag_scene("coarse")
-    ch = sc["choreography"]
+    ch = sc.choreography
     with pytest.raises(RuntimeError, match="'spread neck'.*observe"):
         ch.controls_at(0, 4.80)
-    x = sc["x"].copy()
-    x[sc["rim"]] += np.array([0.3, 0.0, -0.1])  # wherever the rim happens to be at 4.70 s
+    x = sc.x.copy()
+    x[sc.rim] += np.array([0.3, 0.0, -0.1])  # wherever the rim happens to be at 4.70 s
     ch.observe(4.70, x)
-    c = ch.controls_at(int(round(4.70 / sc["dt"])), 4.70)
+    c = ch.controls_at(int(round(4.70 / sc.dt)), 4.70)
     sl = ch.slots("unfold")
-    np.testing.assert_allclose(np.asarray(c.support_target)[sl], x[sc["rim"]], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(c.support_target)[sl], x[sc.rim], atol=1e-4)
     assert np.all(np.asarray(c.support_k)[sl] > 0)
     assert np.all(np.asarray(c.support_k)[ch.slots("lift")] == 0)  # the carrying hands let go
 
@@ -231,14 +231,14 @@ def test_min_film_sphere_gap_on_built_positions():
 
 def test_relative_keyframes_follow_where_the_film_is_when_the_track_starts():
     sc = B.bag_scene("coarse")
-    ch, mesh = sc["choreography"], sc["mesh"]
-    x = sc["x"].copy()
+    ch, mesh = sc.choreography, sc.mesh
+    x = sc.x.copy()
     shift = np.array([0.37, -0.02, -0.05])
-    x[sc["film"]] += shift                    # the bag lies somewhere else
-    x[sc["spheres"]] = shift + np.array([0.0, 0.0, 0.05])  # contents centred under the bag's axis
+    x[sc.film] += shift                    # the bag lies somewhere else
+    x[sc.spheres] = shift + np.array([0.0, 0.0, 0.05])  # contents centred under the bag's axis
     ch.observe(4.70, x)
     keys = ch.keyframes("unfold")
-    np.testing.assert_allclose(keys[0][1], x[sc["rim"]])  # grabs the rim where it lies
+    np.testing.assert_allclose(keys[0][1], x[sc.rim])  # grabs the rim where it lies
     # spreading: neck and rim circles centred over the contents, each column at its own angle
     neck_goal, rim_goal = ch.keyframes("spread neck")[-1][1], keys[-1][1]
     ang = 2 * np.pi * np.arange(mesh.columns) / mesh.columns
@@ -258,10 +258,10 @@ def test_relative_keyframes_follow_where_the_film_is_when_the_track_starts():
     np.testing.assert_allclose(out, B.UNFOLD_OUTWARD, atol=1e-12)
     # gather / cinch circles are centred over the contents as they lie when the track starts
     x2 = x.copy()
-    x2[sc["spheres"]] += np.array([0.01, 0.02, 0.0])
+    x2[sc.spheres] += np.array([0.01, 0.02, 0.0])
     ch.observe(7.40, x2)
     cinch = ch.keyframes("cinch")[-1][1]
-    centre = x2[sc["spheres"], :2].mean(axis=0)
+    centre = x2[sc.spheres, :2].mean(axis=0)
     np.testing.assert_allclose(np.linalg.norm(cinch[:, :2] - centre, axis=1), 0.015, atol=1e-12)
     flap = ch.keyframes("flap")
     np.testing.assert_allclose(flap[0][1], x2[ch.track("flap").index])  # grabs the rim where it is
@@ -271,11 +271,11 @@ def test_relative_keyframes_follow_where_the_film_is_when_the_track_starts():
 
 def test_loading_captures_of_the_wrong_shape_is_refused(tmp_path):
     sc = B.bag_scene("coarse")
-    ch = sc["choreography"]
+    ch = sc.choreography
     np.savez(tmp_path / "s.npz", capture_unfold=np.zeros((12, 3)))  # an old per-track capture
     with pytest.raises(ValueError, match=r"capture 'unfold' has shape \(12, 3\).*older choreography"):
         ch.load_captures(np.load(tmp_path / "s.npz"))
-    ch.observe(7.5, sc["x"])
+    ch.observe(7.5, sc.x)
     np.savez(tmp_path / "ok.npz", **ch.captures_npz())
     ch2 = B.bag_scene("coarse")["choreography"]
     ch2.load_captures(np.load(tmp_path / "ok.npz"))

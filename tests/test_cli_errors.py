@@ -204,19 +204,20 @@ def test_bag_resume_refuses_a_corrupt_trajectory_in_its_out_folder(capsys, tmp_p
 
 def test_the_reference_state_passes_the_checks():
     """The state the checks are made against is itself accepted (no false refusals)."""
-    from ipcjax.cli import _read_bag_state
     from scenes.bag import bag_scene
+    from scenes.bag_run import read_bag_state
 
     sc = bag_scene("coarse")
-    rs = _read_bag_state(BAG_STATE, sc, "coarse")
-    assert int(rs["step"]) == 2040 and "tie" in sc["choreography"].captures
+    rs = read_bag_state(BAG_STATE, sc, "coarse")
+    assert int(rs["step"]) == 2040 and "tie" in sc.choreography.captures
 
 
 def test_write_state_round_trips_through_read_state(tmp_path):
     d = state_arrays()
     caps = {k: v for k, v in d.items() if k.startswith("capture_")}
     path = tmp_path / "state.npz"
-    runfolder.write_state(path, d["x"], d["v"], d["t"], d["step"], d["unfold_checked"], "coarse", caps)
+    runfolder.write_state(path, d["x"], d["v"], d["t"], step=d["step"], unfold_checked=d["unfold_checked"],
+                          resolution="coarse", captures=caps)
     rs = runfolder.read_state(path, len(d["x"]), "coarse")
     assert sorted(rs.files) == sorted(d)
     for k in d:
@@ -279,3 +280,14 @@ def test_write_json_writes_what_it_returns(tmp_path):
     text = runfolder.write_json(path, {"min_gap_m": np.inf})
     assert path.read_text() == text + "\n"
     assert json.loads(text) == {"min_gap_m": None}
+
+
+def test_compare_names_a_corrupt_trajectory_in_one_line(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trajectory.npz").write_bytes(b"garbage")
+    refused(capsys, ["compare", "--ipc", str(run), "--vbd", str(run), "--out", str(tmp_path / "cmp")],
+            str(run / "trajectory.npz"), "not an .npz file")
+    np.savez(run / "trajectory.npz", film=np.zeros((2, 9, 3)), spheres=np.zeros((3, 7, 3)), time=np.zeros(2))
+    refused(capsys, ["compare", "--ipc", str(run), "--vbd", str(run), "--out", str(tmp_path / "cmp")],
+            str(run / "trajectory.npz"), "of one length")

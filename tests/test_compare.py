@@ -26,8 +26,8 @@ def crossing_frame(sc):
     """The flat film with one edge pushed through a triangle that shares none of its vertices."""
     from ipcjax.topology import mesh_edges
 
-    x = np.asarray(sc["x"])[sc["film"]].copy()
-    faces = np.asarray(sc["faces"])
+    x = np.asarray(sc.x)[sc.film].copy()
+    faces = np.asarray(sc.faces)
     t = faces[len(faces) // 2]
     centre = x[t].mean(axis=0)
     edges = mesh_edges(faces)
@@ -42,8 +42,8 @@ def crossing_frame(sc):
 
 def frames(sc, n, crossing_at=()):
     """n frames at 1/240 s: the film sagging slowly, spheres falling, crossings at given frames."""
-    x0 = np.asarray(sc["x"])[sc["film"]]
-    s0 = np.asarray(sc["x"])[sc["spheres"]]
+    x0 = np.asarray(sc.x)[sc.film]
+    s0 = np.asarray(sc.x)[sc.spheres]
     bad = crossing_frame(sc)
     t = np.arange(n) / FPS
     film = np.stack([x0 - [0, 0, 0.0005 * k] for k in range(n)])
@@ -57,7 +57,7 @@ def write_run(folder, sc, n, crossing_at, summary):
     folder.mkdir(parents=True, exist_ok=True)
     film, spheres, t = frames(sc, n, crossing_at)
     np.savez_compressed(folder / "trajectory.npz", film=film, spheres=spheres,
-                        faces=np.asarray(sc["faces"], np.int32), time=t)
+                        faces=np.asarray(sc.faces, np.int32), time=t)
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 

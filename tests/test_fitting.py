@@ -47,17 +47,17 @@ def compilations_of(lines, name):
 @pytest.fixture(scope="module")
 def cantilever():
     sc = cantilever_scene()
-    m = sc["model"]
+    m = sc.model
     roll = make_rollout(m, Config(), C.initial_capacity(m.topology), round_fp32=False)
     ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-10)] * STEPS)
-    x0 = jnp.asarray(sc["x"]); v0 = jnp.zeros_like(x0)
+    x0 = jnp.asarray(sc.x); v0 = jnp.zeros_like(x0)
 
     @jax.jit
     def rollout(p):
         frames, _, codes = roll(p, x0, v0, ctl, 1 / 240)
         return frames, codes
 
-    tip = jnp.asarray(sc["tip"])
+    tip = jnp.asarray(sc.tip)
     measure = lambda frames: jnp.mean(frames[-1, tip, 2])  # tip height, m
     return rollout, measure
 
@@ -216,7 +216,7 @@ def test_levenberg_marquardt_retries_a_step_that_raises_the_loss_from_the_accept
 
 FIT_OPTIMIZERS = {
     "levenberg_marquardt": levenberg_marquardt(),
-    "adam (cantilever)": optax.adam(0.1, b1=0.5),
+    "adam b1=0.5 (cantilever, Verlet stiffness)": optax.adam(0.1, b1=0.5),
     "adam (default)": optax.adam(0.1),
 }
 

@@ -246,7 +246,7 @@ def test_newton_cloth_grid_membrane_matches_stable_neo_hookean_to_second_order()
 def test_newton_cloth_mesh_bending_matches_hinge_energy_on_a_fold():
     newton, wp = _newton()
     from ipcjax.interop import model_from_newton
-    from scenes.vbd_bag import edge_bending_stiffness
+    from baselines.vbd_bag import edge_bending_stiffness
 
     x, tris = grid(6, 4, 0.03, 0.03)
     x[:, 2] += 2.0 * (x[:, 0] - 0.09) ** 2           # curved rest shape: θ₀ ≠ 0

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from ipcjax.runfolder import Trajectory
 from scenes import outputs as O
 from scenes.bag import PHASES, bag_mesh
 
@@ -34,7 +35,7 @@ def test_export_meshes_round_trips_through_meshio(tmp_path):
 
     mesh, film, spheres, times = _tiny_run()
     radii = [0.02, 0.01]
-    paths = O.export_meshes(tmp_path, film, spheres, mesh.triangles, radii, times, every=2)
+    paths = O.export_meshes(tmp_path, Trajectory(film, spheres, mesh.triangles, times), radii, every=2)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted([f"frame_{i:05d}.{e}" for i in (0, 2, 4) for e in ("vtu", "obj")] + ["frame.pvd"])
     assert len(paths) == 7
@@ -58,18 +59,19 @@ def test_export_meshes_round_trips_through_meshio(tmp_path):
 def test_export_meshes_rejects_mismatched_shapes_and_formats(tmp_path):
     mesh, film, spheres, times = _tiny_run()
     with pytest.raises(ValueError, match="one length T"):
-        O.export_meshes(tmp_path, film, spheres[:-1], mesh.triangles, [0.02, 0.01], times)
+        O.export_meshes(tmp_path, Trajectory(film, spheres[:-1], mesh.triangles, times), [0.02, 0.01])
     with pytest.raises(ValueError, match="unknown mesh formats"):
-        O.export_meshes(tmp_path, film, spheres, mesh.triangles, [0.02, 0.01], times, formats=("stl",))
+        O.export_meshes(tmp_path, Trajectory(film, spheres, mesh.triangles, times), [0.02, 0.01], formats=("stl",))
 
 
 def test_plot_and_snapshots_write_pngs(tmp_path):
     mesh, film, spheres, times = _tiny_run()
     audit = dict(min_film_film=np.full(len(times), 1e-3), min_film_sphere=np.linspace(1e-3, 2e-3, len(times)))
-    p = O.plot_timeseries(tmp_path / "ts.png", times, film, mesh.rim, mesh.neck, audit, PHASES)
+    traj = Trajectory(film, spheres, mesh.triangles, times)
+    p = O.plot_timeseries(tmp_path / "ts.png", traj, mesh.rim, mesh.neck, audit=audit, phases=PHASES)
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     phases = (("a", 0.0, 1.4 / 240), ("b", 1.4 / 240, 1.0))  # only "a" ends inside the run
-    snaps = O.phase_snapshots(tmp_path / "snap", times, film, spheres, mesh.triangles, [0.02, 0.01], phases)
+    snaps = O.phase_snapshots(tmp_path / "snap", traj, [0.02, 0.01], phases)
     # start, end of phase a (frame 1 is nearest 1.4/240 s), last frame
     assert [s.rsplit("_", 1)[1] for s in snaps] == ["00000.png", "00001.png", "00004.png"]
     for s in snaps:

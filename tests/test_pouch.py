@@ -64,3 +64,34 @@ def test_pouch_gradients_nonzero_and_match_central_differences(pouch):
         assert np.abs(J[:, j]).max() > 1e-7, name       # > 0.1 µm per unit log-parameter
         # measured with h = 1e-3: ≤ 8e-5 (E), 1.4e-4 (μf), 2.9e-3 (kθ, noise-limited) of max|fd|
         assert np.abs(J[:, j] - fd).max() <= (2e-4 if j < 2 else 1e-3) * np.abs(fd).max(), (name, J[:, j], fd)
+
+
+def test_measurements_are_one_code_for_numpy_and_jax():
+    """scenes.measure serves the bag's NumPy summaries and the pouch's differentiable fit.
+    Each array module gives exactly what its own formula gave before (the NumPy one in
+    scenes/bag.py, the jnp one in scenes/pouch.py); across modules they agree to an ulp
+    (NumPy and XLA sum the mean in different orders)."""
+    from scenes import bag
+    from scenes import measure as M
+
+    rng = np.random.default_rng(3)
+    frames = rng.normal(size=(4, 30, 3))
+    neck, rim = np.arange(5, 13), np.arange(20, 28)
+    for x in frames:
+        p = x[neck]
+        w = p.max(axis=0) - p.min(axis=0)
+        assert bag.neck_width(x, neck) == (float(w[0]), float(w[1]))
+        assert bag.flap_height(x, rim, neck) == float(np.median(x[rim, 2]) - np.mean(x[neck, 2]))
+        xj, pj = jnp.asarray(x), jnp.asarray(x)[jnp.asarray(neck)]
+        before = jnp.concatenate([jnp.max(pj[:, :2], axis=0) - jnp.min(pj[:, :2], axis=0),
+                                  (jnp.median(xj[rim, 2]) - jnp.mean(xj[neck, 2]))[None]])
+        np.testing.assert_array_equal(np.asarray(measure(xj, neck, rim)), np.asarray(before))
+        np.testing.assert_allclose(np.asarray(measure(xj, neck, rim)), M.shape(x, neck, rim), rtol=1e-14, atol=0)
+    assert isinstance(M.shape(frames, neck, rim), np.ndarray) and M.shape(frames, neck, rim).shape == (4, 3)
+    np.testing.assert_array_equal(M.shape(frames, neck, rim)[2], M.shape(frames[2], neck, rim))
+
+
+def test_scene_fields_read_by_attribute_and_by_name(pouch):
+    assert pouch["x"] is pouch.x and pouch.get("nothing") is None
+    with pytest.raises(KeyError):
+        pouch["nothing"]

@@ -1,7 +1,7 @@
-"""Newton VBD driver for the bag (scenes/vbd_bag.py).
+"""Newton VBD driver for the bag (baselines/vbd_bag.py).
 
-The NumPy parts (material mapping, support folding, frame checks, comparison table) run in
-the default suite; model building and the short run need the ``newton`` extra and are
+The NumPy parts (material mapping, support folding, frame checks) run in the default suite
+(the side-by-side table is scenes/compare.py's, tests/test_compare.py); model building and the short run need the ``newton`` extra and are
 marked slow (``pytest -m slow``).
 """
 import json
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from scenes import vbd_bag as V
+from baselines import vbd_bag as V
 
 E, NU, H = 315e6, 0.45, 30e-6
 
@@ -30,7 +30,7 @@ def test_edge_bending_stiffness_reproduces_ipcjax_hinge_coefficient():
     from scenes.bag import bag_scene
 
     sc = bag_scene("coarse")
-    m = sc["model"]
+    m = sc.model
     hinges = np.asarray(m.hinges)  # ipcjax (a, b, c, d) is Newton's (i, j, k, l)
     ke = V.edge_bending_stiffness(np.asarray(m.x_ref), hinges, E, NU, H)
     k_theta = np.asarray(hinge_stiffness(E, NU, H, np.asarray(m.hinge_length), np.asarray(m.hinge_area)))
@@ -68,49 +68,24 @@ def test_frame_problem_names_non_finite_and_blow_up():
     assert "speed" in V.frame_problem(film, sph, v)
 
 
-def _summary(wx, failure=None):
-    return dict(simulated_s=2.0, wall_s=100.0, steps_per_s=4.8, failure=failure,
-                measurements=dict(neck_width_mm=[wx, 32.0], flap_height_mm=13.47,
-                                  max_sphere_height_range_final_1s_mm=0.8),
-                audit=dict(frames=481, frames_with_self_intersection=3, min_film_film_m=2.5e-5,
-                           min_film_sphere_m=None))
-
-
-def test_compare_prints_a_side_by_side_table(tmp_path, capsys):
-    p = tmp_path / "ipc.json"
-    p.write_text(json.dumps(_summary(38.45)))
-    text = V.compare(str(p), _summary(31.04, dict(reason="blow-up", time_s=1.5)))
-    assert capsys.readouterr().out.strip() == text
-    lines = text.splitlines()
-    assert lines[0].startswith("| measurement") and "ipcjax IPC" in lines[0] and "Newton VBD" in lines[0]
-    row = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]] for r in lines[2:]}
-    assert row["neck width x × y (mm)"] == ["38.45 × 32.00", "31.04 × 32.00"]
-    assert row["flap height (mm)"] == ["13.47", "13.47"]
-    assert row["frames with self-intersection / total"] == ["3 / 481", "3 / 481"]
-    assert row["min film–film distance (mm)"] == ["0.0250", "0.0250"]
-    assert row["min film–sphere gap (mm)"] == ["—", "—"]
-    assert row["wall s per simulated s"] == ["50.0", "50.0"]
-    assert row["stopped early"] == ["no", "blow-up at 1.500 s"]
-
-
 # --------------------------------------------------------------------------- with newton
 
 @pytest.mark.slow
 def test_newton_model_matches_the_ipc_scene():
     pytest.importorskip("newton")
     v = V.build_vbd_bag("coarse")
-    sc, model = v["sc"], v["model"]
-    nf = len(sc["film"])
-    assert v["n_film"] == nf == 85
-    assert model.tri_count == len(sc["faces"]) == 156
-    np.testing.assert_array_equal(model.tri_indices.numpy(), sc["faces"])
+    sc, model = v.sc, v.model
+    nf = len(sc.film)
+    assert v.n_film == nf == 85
+    assert model.tri_count == len(sc.faces) == 156
+    np.testing.assert_array_equal(model.tri_indices.numpy(), sc.faces)
     # film particles first, then one kinematic anchor per supported film point
-    assert model.particle_count == nf + len(v["anchored"])
-    np.testing.assert_allclose(model.particle_q.numpy()[:nf], sc["x"][:nf], atol=1e-7)
-    np.testing.assert_allclose(model.particle_mass.numpy()[:nf], np.asarray(sc["model"].mass)[:nf], rtol=1e-6)
+    assert model.particle_count == nf + len(v.anchored)
+    np.testing.assert_allclose(model.particle_q.numpy()[:nf], sc.x[:nf], atol=1e-7)
+    np.testing.assert_allclose(model.particle_mass.numpy()[:nf], np.asarray(sc.model.mass)[:nf], rtol=1e-6)
     assert np.all(model.particle_mass.numpy()[nf:] == 0) and np.all(model.particle_flags.numpy()[nf:] == 0)
     assert model.body_count == 7
-    np.testing.assert_allclose(model.body_mass.numpy(), np.asarray(sc["model"].mass)[sc["spheres"]], rtol=1e-6)
+    np.testing.assert_allclose(model.body_mass.numpy(), np.asarray(sc.model.mass)[sc.spheres], rtol=1e-6)
     # material: tri_ke = μ, tri_ka = λ, no damping; per-edge bending from the hinge coefficient
     mu, lam = V.membrane_lame(E, NU, H)
     mats = model.tri_materials.numpy()
@@ -119,12 +94,12 @@ def test_newton_model_matches_the_ipc_scene():
     assert np.all(mats[:, 2] == 0)
     edges = model.edge_indices.numpy()
     interior = (edges[:, 0] >= 0) & (edges[:, 1] >= 0)
-    assert interior.sum() == len(np.asarray(sc["model"].hinges))
+    assert interior.sum() == len(np.asarray(sc.model.hinges))
     bend = model.edge_bending_properties.numpy()
-    np.testing.assert_allclose(bend[:, 0], V.edge_bending_stiffness(sc["x"][:nf], edges, E, NU, H), rtol=1e-6)
+    np.testing.assert_allclose(bend[:, 0], V.edge_bending_stiffness(sc.x[:nf], edges, E, NU, H), rtol=1e-6)
     assert np.all(bend[~interior, 0] == 0) and np.all(bend[:, 1] == 0)
     # springs: one per anchor, then the tie pairs
-    assert model.spring_count == len(v["anchored"]) + len(v["tie_pairs"])
+    assert model.spring_count == len(v.anchored) + len(v.tie_pairs)
 
 
 @pytest.mark.slow
@@ -141,7 +116,7 @@ def test_short_coarse_run_is_finite_spheres_wait_and_the_film_follows_supports(t
     np.testing.assert_allclose(tr["spheres"][-1], tr["spheres"][0], atol=1e-6)
     # the place hands lift the rim (its in-plane pull is resisted by the unbuckled membrane)
     from scenes.bag import bag_scene
-    rim = bag_scene("coarse")["rim"]
+    rim = bag_scene("coarse").rim
     r0 = np.linalg.norm(tr["film"][0][rim, :2], axis=1)
     r1 = np.linalg.norm(tr["film"][-1][rim, :2], axis=1)
     assert np.all(r1 < r0) and np.all(tr["film"][-1][rim, 2] - tr["film"][0][rim, 2] > 3e-3)

@@ -15,15 +15,14 @@ holds (x, x_prev). Units are the reference's scene units (length) and steps; ``d
 the step length in the same time unit as ``gravity`` (length/time²).
 
 Parameter convention. ``damping`` is the fraction of velocity *kept* per step, as in the
-seed (``damping = 0.98``); the seed's damping loss is d = 1 − damping = 0.02, and the
-undamped form 2x − x_prev + a·dt² is ``damping = 1`` (d = 0).
+specification's cloth (docs/spec.md §8: ``damping = 0.98``); its damping loss is
+d = 1 − damping = 0.02, and the undamped form 2x − x_prev + a·dt² is ``damping = 1`` (d = 0).
 
 Reference: T. Jakobsen, "Advanced Character Physics", GDC 2001; K. Schmidt,
-toxiclibs.physics VerletPhysics3D (2008); spec seed 003 (VerletPhysics3D).
+toxiclibs.physics VerletPhysics3D (2008); docs/spec.md §8 (the Verlet cloth baseline).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -38,7 +37,8 @@ import numpy as np
 SPRING_STRUCTURAL, SPRING_SHEAR, SPRING_BEND = 0, 1, 2
 SPRING_KIND_NAMES = ("structural", "shear", "bend")
 
-#: dt whose a·dt² equals the seed port's per-step increment a·0.016 (it scales a by 0.016 once).
+#: dt whose a·dt² equals the specification's per-step increment a·0.016 (docs/spec.md §8: it
+#: scales a by 0.016 once).
 DEFAULT_DT = math.sqrt(0.016)
 
 
@@ -87,12 +87,12 @@ class VerletCloth:
 
 
 class VerletParams(NamedTuple):
-    """Differentiable model parameters (a pytree); defaults are the seed's.
+    """Differentiable model parameters (a pytree); defaults are the specification's (docs/spec.md §8).
 
     stiffness:      spring relaxation factor k (dimensionless, stable for 0 < k ≤ 1):
                     each end moves by (k/2)(|Δ| − L) per sweep.
     bend_stiffness: chain projection factor k_b (dimensionless, 0 switches chains off).
-    damping:        velocity fraction kept per step (0.98 ⇔ seed's d = 0.02).
+    damping:        velocity fraction kept per step (0.98 ⇔ d = 0.02, docs/spec.md §8).
     gravity:        g, acceleration along −y (length/time²).
     wind:           acceleration along +x (scalar) or a (3,) acceleration vector.
     restitution:    e, floor bounce v_y ← −e·v_y.
@@ -106,6 +106,12 @@ class VerletParams(NamedTuple):
     wind: float | jax.Array = 0.0
     restitution: float | jax.Array = 0.3
     dt: float | jax.Array = DEFAULT_DT
+
+
+#: What each parameter is, for the ``ipcjax verlet`` flags (defaults: ``VerletParams()``).
+PARAM_HELP = dict(stiffness="spring factor k", bend_stiffness="chain factor k_b",
+                  damping="velocity kept per step (1 − d)", gravity="g along −y", wind="acceleration along +x",
+                  restitution="floor restitution e", dt="step length; a enters as a·dt²")
 
 
 class VerletState(NamedTuple):
@@ -136,7 +142,7 @@ def build_cloth(x_rest, springs, chains=None, locked=None, *, spring_kind=None,
         spring_kind: (S,) kinds or None (all structural). iterations, n_grid: statics.
         solver: "gauss_seidel" (default; constraints reordered into particle-disjoint
         groups, stable for k ≤ 1) or "jacobi" (all constraints of a kind at once, in the
-        given order, as the stored seed port does; diverges at the seed's k = 1, see docs).
+        given order, as the specification's cloth does; diverges at its k = 1, see docs/verlet.md).
     Raises:
         ValueError: bad shapes, out-of-range indices, unknown solver, or a zero-length
             rest spring/chain base.
@@ -225,15 +231,15 @@ def _chain_offset_np(xa, xb, xc):
 
 
 def grid_index(i: int, j: int, n_grid: int) -> int:
-    """Particle index of grid node (i along x, j along z): j·n + i (the seed's ordering)."""
+    """Particle index of grid node (i along x, j along z): j·n + i (the ordering of docs/spec.md §8)."""
     return j * n_grid + i
 
 
 def grid_topology(n_grid: int):
-    """Springs, kinds and bending chains of an n×n cloth grid (seed ordering, host-side).
+    """Springs, kinds and bending chains of an n×n cloth grid (the ordering of docs/spec.md §8, host-side).
 
     Springs per node (i, j): structural (i+1, j), (i, j+1); shear (i+1, j+1) (one
-    diagonal, as in the seed); bend (i+2, j), (i, j+2). Chains: (i−1, i, i+1) along rows
+    diagonal, as docs/spec.md §8 has it); bend (i+2, j), (i, j+2). Chains: (i−1, i, i+1) along rows
     and columns.
     Returns: springs (S, 2), kinds (S,), chains (C, 3), all int32.
     """
@@ -277,14 +283,14 @@ def grid_triangles(n_grid: int) -> np.ndarray:
 def cloth_grid(n_grid: int = 14, size: float = 4.0, *, iterations: int = 12, seed: int = 0,
                noise: float = 0.01, locked_corners: bool = True,
                solver: str = "gauss_seidel") -> tuple[VerletCloth, VerletState]:
-    """The seed's cloth: an n×n grid in the XZ plane at y = size/2, corners locked.
+    """The specification's cloth (docs/spec.md §8): an n×n grid in the XZ plane at y = size/2, corners locked.
 
     Node (i, j) starts at ((i − n/2)·s, size/2, (j − n/2)·s) with s = size/n, then every
-    coordinate gets N(0, noise²) from ``numpy.random.default_rng(seed)``. As in the seed,
+    coordinate gets N(0, noise²) from ``numpy.random.default_rng(seed)``. As in the specification,
     the rest data (lengths, chain shapes) is measured on the perturbed positions while
     x_prev is the unperturbed grid, so the perturbation is also the initial velocity·dt.
 
-    Returns: (cloth, state). Parameters come from ``VerletParams()`` (the seed defaults).
+    Returns: (cloth, state). Parameters come from ``VerletParams()`` (the specification's defaults).
     """
     if n_grid < 2:
         raise ValueError("n_grid must be >= 2")
@@ -390,7 +396,7 @@ def relax(cloth: VerletCloth, params: VerletParams, x: jax.Array) -> jax.Array:
 
     Inside a group every constraint sees the same x (particle-disjoint under Gauss–Seidel,
     so this is exactly the sequential sweep). Locked particles drop their share of every
-    correction (the seed re-pins them).
+    correction (the specification's cloth re-pins them).
     """
     free = (~cloth.locked)[:, None]
     s_index, s_valid = _padded_groups(cloth.spring_groups)
@@ -424,7 +430,7 @@ def collide_floor(cloth: VerletCloth, params: VerletParams, x: jax.Array, x_old:
 
     Returns (x, x_prev) where x_prev = x_old except below the floor, where its y is set so
     the implied next velocity is the reflected one: x_prev_y = −e·y − (−e·v_y). For e = 0
-    this is the seed's clamp to y = 0 with zero normal velocity.
+    this is the specification's clamp to y = 0 with zero normal velocity.
     """
     e = params.restitution
     y, vy = x[:, 1], x[:, 1] - x_old[:, 1]
@@ -484,31 +490,32 @@ def sag(x: jax.Array, n_grid: int) -> jax.Array:
     return jnp.mean(x[corners, 1]) - x[centre, 1]
 
 
-class FitResult(NamedTuple):
-    """stiffness: fitted k; params: VerletParams with it; history: dict of per-iteration lists
-    ('loss', 'stiffness', 'sag'), entry i evaluated before update i (last entry: final)."""
-
-    stiffness: float
-    params: VerletParams
-    history: dict
-
-
 def fit_stiffness(target_sag: float, cloth: VerletCloth | None = None, state: VerletState | None = None,
                   params: VerletParams | None = None, *, steps: int = 150, n_iter: int = 30,
                   learning_rate: float = 0.1, init_stiffness: float | None = None,
-                  optimizer=None) -> FitResult:
+                  optimizer=None, progress: bool = False):
     """Fit the spring stiffness so the cloth's sag after ``steps`` steps matches ``target_sag``.
 
-    Loss L(k) = ((sag(x_steps; k) − target)/target)², minimised over log k (k stays
-    positive) with ``optimizer`` (default ``optax.adam(learning_rate, b1=0.5)``: the lower
-    momentum stops the 1-D fit from overshooting). Other parameters are held at ``params``.
+    The loss L(k) = ((sag(x_steps; k) − target)/target)² is minimised over log k (k stays
+    positive) by :func:`fitting.fit.fit` with ``optimizer`` (default
+    ``optax.adam(learning_rate, b1=0.5)``: the lower momentum stops the 1-D fit from
+    overshooting): ``n_iter`` updates, ``n_iter + 1`` evaluations. Other parameters are
+    held at ``params``; a step that the NaN/Inf guard catches stops the fit
+    (:class:`fitting.fit.FitFailed`).
+
     Args:
         target_sag: length. cloth/state: default ``cloth_grid()``. params: default
         ``VerletParams()``. steps: rollout length (use enough to settle, see docs).
-        n_iter: optimizer updates. init_stiffness: starting k (default params.stiffness).
-        optimizer: any optax GradientTransformation.
+        init_stiffness: starting k (default params.stiffness). optimizer: any optax
+        GradientTransformation. progress: a progress bar.
+    Returns:
+        :class:`fitting.fit.FitResult`: ``params`` (the evaluated iterate with the lowest
+        loss), ``history`` (per evaluation: loss, params {"stiffness": k}, grad_norm, wall_s).
     """
     import optax
+
+    from fitting.fit import fit
+    from ipcjax.result import StepCode
 
     if (cloth is None) != (state is None):
         raise ValueError("pass both cloth and state, or neither (the default cloth_grid())")
@@ -520,32 +527,19 @@ def fit_stiffness(target_sag: float, cloth: VerletCloth | None = None, state: Ve
         raise ValueError("fit_stiffness needs a grid cloth (n_grid >= 2) for the sag probe")
     params = VerletParams() if params is None else params
     k0 = params.stiffness if init_stiffness is None else init_stiffness
-    target = float(target_sag)
+    params = params._replace(stiffness=float(k0))
 
-    def loss_fn(log_k):
-        p = params._replace(stiffness=jnp.exp(log_k))
-        s = sag(rollout(cloth, p, state, steps).state.x, cloth.n_grid)
-        return ((s - target) / target) ** 2, s
+    def simulate(p):
+        out = rollout(cloth, p, state, steps)
+        return out.state.x[None], out.nonfinite.astype(jnp.int32) * int(StepCode.NON_FINITE)
 
-    value_and_grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+    measure = lambda frames: sag(frames[-1], cloth.n_grid)
     opt = optax.adam(learning_rate, b1=0.5) if optimizer is None else optimizer
-    log_k = jnp.log(jnp.asarray(k0, dtype=float))
-    opt_state = opt.init(log_k)
-    history = {"loss": [], "stiffness": [], "sag": []}
-    for it in range(n_iter + 1):
-        (loss, s), g = value_and_grad(log_k)
-        history["loss"].append(float(loss))
-        history["stiffness"].append(float(jnp.exp(log_k)))
-        history["sag"].append(float(s))
-        if it == n_iter:
-            break
-        updates, opt_state = opt.update(g, opt_state, log_k)
-        log_k = optax.apply_updates(log_k, updates)
-    k = float(jnp.exp(log_k))
-    return FitResult(k, params._replace(stiffness=k), history)
+    return fit(simulate, measure, float(target_sag), params, ["stiffness"], optimizer=opt,
+               iterations=n_iter + 1, loss_tol=0.0, progress=progress)
 
 
-# --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- run (``ipcjax verlet``)
 
 
 def write_frames(out: str, frames, triangles, steps, *, fmt: str = "vtu") -> list[str]:
@@ -561,69 +555,33 @@ def write_frames(out: str, frames, triangles, steps, *, fmt: str = "vtu") -> lis
     return paths
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ipcjax verlet",
-        description="Verlet mass-spring cloth (seed VerletPhysics3D): simulate and export a mesh sequence.")
-    d = VerletParams()
-    p.add_argument("--n-grid", type=int, default=14, help="grid side n (n×n particles) [14]")
-    p.add_argument("--size", type=float, default=4.0, help="cloth side; it starts at y = size/2 [4.0]")
-    p.add_argument("--steps", type=int, default=300, help="timesteps [300]")
-    p.add_argument("--save-every", type=int, default=10, help="save a frame every this many steps [10]")
-    p.add_argument("--out", default="runs/verlet", help="folder for the mesh sequence [runs/verlet]")
-    p.add_argument("--format", choices=("vtu", "obj"), default="vtu", help="mesh file format [vtu]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial N(0, noise²) perturbation [0]")
-    p.add_argument("--noise", type=float, default=0.01, help="perturbation std [0.01]")
-    p.add_argument("--iterations", type=int, default=12, help="relaxation sweeps per step [12]")
-    p.add_argument("--stiffness", type=float, default=d.stiffness, help="spring factor k [1.0]")
-    p.add_argument("--bend-stiffness", type=float, default=d.bend_stiffness, help="chain factor k_b [1.0]")
-    p.add_argument("--damping", type=float, default=d.damping, help="velocity kept per step (1 − d) [0.98]")
-    p.add_argument("--gravity", type=float, default=d.gravity, help="g along −y [0.3]")
-    p.add_argument("--wind", type=float, default=d.wind, help="acceleration along +x [0.0]")
-    p.add_argument("--restitution", type=float, default=d.restitution, help="floor restitution e [0.3]")
-    p.add_argument("--dt", type=float, default=d.dt, help=f"step length; a enters as a·dt² [{d.dt:.5f}]")
-    return p
+def run_cloth(out: str, cloth: VerletCloth, state: VerletState, params: VerletParams, *, steps: int,
+              save_every: int, fmt: str = "vtu") -> int:
+    """What ``ipcjax verlet`` does: simulate ``steps`` steps, write every ``save_every``-th
+    frame (and the last) as ``verlet_{step:06d}.{fmt}`` into ``out``, print a summary.
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``ipcjax verlet``: simulate the cloth, write frames with meshio, print a summary.
-
-    Returns 0 on success, 1 if the NaN/Inf guard fired (frames are still written); bad
-    arguments exit with status 2 (argparse).
+    Returns 0, or 1 if the NaN/Inf guard fired (the frames are still written).
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.save_every < 1 or args.n_grid < 2 or args.iterations < 0:
-        parser.error("need --steps >= 1, --save-every >= 1, --n-grid >= 2 and --iterations >= 0")
-    cloth, state = cloth_grid(args.n_grid, args.size, iterations=args.iterations, seed=args.seed,
-                              noise=args.noise)
-    params = VerletParams(stiffness=args.stiffness, bend_stiffness=args.bend_stiffness,
-                          damping=args.damping, gravity=args.gravity, wind=args.wind,
-                          restitution=args.restitution, dt=args.dt)
     t0 = time.perf_counter()
-    result = rollout(cloth, params, state, args.steps, args.save_every)
+    result = rollout(cloth, params, state, steps, save_every)
     jax.block_until_ready(result)
     elapsed = time.perf_counter() - t0
     frames = np.concatenate([np.asarray(state.x)[None], np.asarray(result.frames)])
-    saved_steps = [0] + [args.save_every * (f + 1) for f in range(len(result.frames))]
-    if args.steps % args.save_every:
+    saved_steps = [0] + [save_every * (f + 1) for f in range(len(result.frames))]
+    if steps % save_every:
         frames = np.concatenate([frames, np.asarray(result.state.x)[None]])
-        saved_steps.append(args.steps)
-    paths = write_frames(args.out, frames, grid_triangles(args.n_grid), saved_steps, fmt=args.format)
+        saved_steps.append(steps)
+    paths = write_frames(out, frames, grid_triangles(cloth.n_grid), saved_steps, fmt=fmt)
 
     bad = np.flatnonzero(np.asarray(result.nonfinite))
     x_final = np.asarray(result.state.x)
     print(f"verlet: {cloth.n_particles} particles, {len(cloth.springs)} springs, {len(cloth.chains)} chains, "
-          f"{args.steps} steps in {elapsed:.2f} s (incl. compile)")
-    print(f"wrote {len(paths)} frames to {args.out}/ ({os.path.basename(paths[0])} .. {os.path.basename(paths[-1])})")
-    print(f"final sag {float(sag(x_final, args.n_grid)):.6f}, lowest y {x_final[:, 1].min():.6f}")
+          f"{steps} steps in {elapsed:.2f} s (incl. compile)")
+    print(f"wrote {len(paths)} frames to {out}/ ({os.path.basename(paths[0])} .. {os.path.basename(paths[-1])})")
+    print(f"final sag {float(sag(x_final, cloth.n_grid)):.6f}, lowest y {x_final[:, 1].min():.6f}")
     if bad.size:
         print(f"NaN/Inf guard: {bad.size} step(s) kept the last finite state (first at step {bad[0] + 1})",
               file=sys.stderr)
         return 1
     print("NaN/Inf guard: no events")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The bag experiment (spec §5) on Newton's Vertex Block Descent solver, for side-by-side runs.
+"""The bag experiment (docs/spec.md §5, §9) on Newton's Vertex Block Descent solver, for side-by-side runs.
 
 Builds the same scene as :func:`scenes.bag.bag_scene` in ``newton`` 1.8 (``warp-lang`` 1.19,
 Warp's CPU device), steps it with ``SolverVBD`` and writes the same ``trajectory.npz`` and
@@ -19,8 +19,9 @@ Mapping of the IPC scene onto VBD (docs/vbd.md has the reasoning)
   (:func:`edge_bending_stiffness`), written into the builder edge by edge since
   ``add_cloth_mesh`` takes one value. Edge damping 0.
 * **Spheres**: seven rigid bodies (mass 250 kg/m³ · 4πR³/3, solid-sphere inertia) with
-  sphere shapes, as the seed's VBD run: VBD has no particle–particle or radius-aware
-  particle–triangle contact, so a particle with a 26 mm radius would not touch the film.
+  sphere shapes, as in the specification's VBD run (docs/spec.md §9): VBD has no
+  particle–particle or radius-aware particle–triangle contact, so a particle with a 26 mm
+  radius would not touch the film.
 * **Bin and floor**: four static box panels (2 mm thick, centred on the IPC wall planes,
   106 mm tall) and Newton's ground plane at z = 0, instead of IPC's fixed triangles.
 * **Supports** ½ k ‖xᵢ − target‖²: one kinematic anchor particle (mass 0, flags 0, so no
@@ -46,23 +47,25 @@ Mapping of the IPC scene onto VBD (docs/vbd.md has the reasoning)
   damping 0.
 
 Needs the ``newton`` extra (``pip install -e '.[newton]'``); the pure-NumPy parts
-(:func:`membrane_lame`, :func:`edge_bending_stiffness`, :func:`compare`) do not.
+(:func:`membrane_lame`, :func:`edge_bending_stiffness`, :func:`frame_problem`) do not.
+``ipcjax compare`` puts a run of this driver beside an ``ipcjax bag`` run (scenes/compare.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from ipcjax.runfolder import dumps, json_safe, write_json
+from ipcjax import runfolder
+from scenes.scene import ByName
 
 FRAME_DT = 1.0 / 240.0
 SUBSTEPS = 4
-DT = FRAME_DT / SUBSTEPS           # 1/960 s (spec §1, the seed's VBD run)
+DT = FRAME_DT / SUBSTEPS           # 1/960 s (docs/spec.md §1, §9: the specification's VBD run)
 ITERATIONS = 48                    # VBD iterations per substep
 SELF_CONTACT_MARGIN = 0.50e-3      # m, self-contact interaction distance
 SELF_CONTACT_GAP = 1.50e-3         # m, extra detection width
@@ -96,7 +99,7 @@ def membrane_lame(E, nu, h):
     return E * h / (2.0 * (1.0 + nu)), E * h * nu / (1.0 - nu * nu)
 
 
-def edge_bending_stiffness(x_ref, edges, E, nu, h, scale=1.0):
+def edge_bending_stiffness(x_ref, edges, E, nu, h, *, scale=1.0):
     """Per-edge Newton ``edge_ke`` = 6 D ℓ / A (N) for ipcjax's hinge coefficient kθ = 6 D ℓ² / A.
 
     Newton's VBD bending energy is ½ (edge_ke ℓ)(θ − θ₀)², so edge_ke ℓ = kθ; D = E h³ /
@@ -160,13 +163,32 @@ def anchor_springs(support_index, k, target, anchored):
 
 # --------------------------------------------------------------------------- model
 
-def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, device: str = "cpu"):
-    """Newton model, solver and state of the bag scene.
+@dataclass(frozen=True)
+class VbdBag(ByName):
+    """The bag on Newton (:func:`build_vbd_bag`); ``bag["model"]`` also reads a field
+    (compatibility accessor, :class:`scenes.scene.ByName`)."""
 
-    Returns a dict: sc (the IPC scene dict of :func:`scenes.bag.bag_scene`), model, solver,
-    state_0, state_1, control, n_film, anchored (film particles with an anchor), anchor
-    (their anchor particle indices), n_tie_springs, spring offsets, sphere bodies, material.
-    """
+    sc: object                   # the IPC scene (scenes.bag.BagScene)
+    model: object                # newton.Model
+    solver: object               # newton.solvers.SolverVBD
+    state_0: object              # newton.State, swapped with state_1 every substep
+    state_1: object
+    control: object              # newton.Control
+    n_film: int                  # film particles [0, n_film), the IPC scene's order
+    anchored: np.ndarray         # film particles that a support slot drives
+    anchor: np.ndarray           # their kinematic anchor particles
+    tie_pairs: np.ndarray        # (Q, 2) tied film particles
+    spring_anchor: slice         # the anchor springs among model.spring_*
+    spring_tie: slice            # the tie springs among model.spring_*
+    bodies: np.ndarray           # (7,) sphere bodies
+    sphere_mass: np.ndarray      # (7,) kg
+    edge_ke: np.ndarray          # per-edge bending stiffness written into the builder
+    material: dict               # :func:`material` of the scene's parameters
+    film_mass: np.ndarray        # (n_film,) kg
+
+
+def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, device: str = "cpu") -> VbdBag:
+    """Newton model, solver and state of the bag scene, as a :class:`VbdBag`."""
     import warp as wp
 
     wp.config.quiet = True                 # no start-up banner
@@ -176,11 +198,11 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
     from scenes.film import FILM_DENSITY, FILM_THICKNESS
 
     sc = bag_scene(resolution)
-    params, ch = sc["params"], sc["choreography"]
+    params, ch = sc.params, sc.choreography
     mat = material(params)
-    film, faces = sc["film"], np.asarray(sc["faces"], np.int64)
+    film, faces = sc.film, np.asarray(sc.faces, np.int64)
     nf = len(film)
-    x0 = np.asarray(sc["x"], np.float64)
+    x0 = np.asarray(sc.x, np.float64)
     film_x = x0[film]
     areal = FILM_THICKNESS * FILM_DENSITY  # 0.02775 kg/m², as the IPC scene's lumped masses
     g = np.asarray(params.gravity, float)
@@ -194,7 +216,7 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
     )
     edges = np.asarray(builder.edge_indices, np.int64)
     edge_ke = edge_bending_stiffness(film_x, edges, mat["youngs_modulus"], mat["poisson"],
-                                     mat["thickness"], mat["bending_scale"])
+                                     mat["thickness"], scale=mat["bending_scale"])
     builder.edge_bending_properties = [(float(k), 0.0) for k in edge_ke]
 
     # supports: one kinematic anchor per film particle that any support slot drives
@@ -211,9 +233,9 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
     builder.spring_rest_length = [0.0] * len(builder.spring_rest_length)
 
     # spheres: rigid bodies
-    radii = np.asarray(sc["sphere_radius"], float)
-    masses = np.asarray(sc["model"].mass)[sc["spheres"]]
-    centres = x0[sc["spheres"]]
+    radii = np.asarray(sc.sphere_radius, float)
+    masses = np.asarray(sc.model.mass)[sc.spheres]
+    centres = x0[sc.spheres]
     cfg = newton.ModelBuilder.ShapeConfig(ke=CONTACT_KE, kd=CONTACT_KD, mu=FRICTION, density=0.0)
     bodies = []
     for c, r, m in zip(centres, radii, masses):
@@ -247,8 +269,8 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
         rigid_soft_contact_use_log_barrier=True,
         collision_pipeline=pipeline,
     )
-    return dict(sc=sc, model=model, solver=solver, state_0=model.state(), state_1=model.state(),
-                control=model.control(), n_film=nf, anchored=anchored, anchor=anchor,
+    return VbdBag(sc=sc, model=model, solver=solver, state_0=model.state(), state_1=model.state(),
+                  control=model.control(), n_film=nf, anchored=anchored, anchor=anchor,
                 tie_pairs=tie_pairs, spring_anchor=slice(0, len(anchored)),
                 spring_tie=slice(len(anchored), len(anchored) + len(tie_pairs)),
                 bodies=np.asarray(bodies), sphere_mass=masses, edge_ke=edge_ke, material=mat,
@@ -258,7 +280,7 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
 # --------------------------------------------------------------------------- run
 
 class _Frames:
-    """Frames kept on the host and the files they are written to."""
+    """Frames kept on the host (float32, as Warp holds them) and their trajectory.npz."""
 
     def __init__(self, out, faces):
         self.out, self.faces = out, faces
@@ -270,8 +292,8 @@ class _Frames:
         self.time.append(float(t))
 
     def write(self):
-        np.savez_compressed(os.path.join(self.out, "trajectory.npz"), film=np.stack(self.film),
-                            spheres=np.stack(self.spheres), faces=self.faces, time=np.asarray(self.time))
+        runfolder.write_trajectory(os.path.join(self.out, "trajectory.npz"), runfolder.Trajectory(
+            np.stack(self.film), np.stack(self.spheres), self.faces, np.asarray(self.time)))
 
 
 def frame_problem(film, spheres, film_v):
@@ -286,7 +308,7 @@ def frame_problem(film, spheres, film_v):
     return None
 
 
-def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd", save_every: int = 1,
+def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd", *, save_every: int = 1,
             iterations: int = ITERATIONS, progress: bool = True, checkpoint_every: int = 24) -> dict:
     """Run the bag on Newton VBD and write trajectory.npz + summary.json to ``out``.
 
@@ -307,15 +329,15 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
     t_build = time.perf_counter()
     v = build_vbd_bag(resolution, iterations=iterations)
     build_s = time.perf_counter() - t_build
-    sc, model, solver, control = v["sc"], v["model"], v["solver"], v["control"]
-    s0, s1 = v["state_0"], v["state_1"]
-    ch, params = sc["choreography"], sc["params"]
-    nf, bodies = v["n_film"], v["bodies"]
-    anchored, anchor = v["anchored"], v["anchor"]
-    drag_m = float(params.drag) * v["film_mass"]
-    x_ipc = np.asarray(sc["x"], np.float64).copy()   # IPC particle layout, for observe()
-    sph = np.asarray(sc["spheres"])
-    frames = _Frames(out, np.asarray(sc["faces"]))
+    sc, model, solver, control = v.sc, v.model, v.solver, v.control
+    s0, s1 = v.state_0, v.state_1
+    ch, params = sc.choreography, sc.params
+    nf, bodies = v.n_film, v.bodies
+    anchored, anchor = v.anchored, v.anchor
+    drag_m = float(params.drag) * v.film_mass
+    x_ipc = np.asarray(sc.x, np.float64).copy()   # IPC particle layout, for observe()
+    sph = np.asarray(sc.spheres)
+    frames = _Frames(out, np.asarray(sc.faces))
 
     def positions(state):
         q = state.particle_q.numpy()
@@ -329,7 +351,7 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
     failure = None
     stiff = model.spring_stiffness.numpy().astype(np.float32)
     rest = model.spring_rest_length.numpy().astype(np.float32)
-    sa, st = v["spring_anchor"], v["spring_tie"]
+    sa, st = v.spring_anchor, v.spring_tie
     wall0 = time.perf_counter()
     first_frame_s = None  # includes Warp's kernel loading (and compilation on a cold cache)
     frame, t = 0, 0.0
@@ -404,8 +426,8 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
               f"{failure['reason']}", file=sys.stderr)
     F, S = np.stack(frames.film), np.stack(frames.spheres)
     times = np.asarray(frames.time)
-    audit = audit_trajectory(np.concatenate([F, S], axis=1), sc["faces"],
-                             np.arange(F.shape[1], F.shape[1] + S.shape[1]), sc["sphere_radius"])
+    audit = audit_trajectory(np.concatenate([F, S], axis=1), sc.faces,
+                             np.arange(F.shape[1], F.shape[1] + S.shape[1]), sc.sphere_radius)
     done = frame if failure is None else frame - 1
     summary = dict(
         solver="newton-vbd", newton_version=_version("newton"), warp_version=_version("warp"),
@@ -421,15 +443,15 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
                       self_contact_margin_m=SELF_CONTACT_MARGIN, self_contact_gap_m=SELF_CONTACT_GAP,
                       film_particle_radius_m=FILM_PARTICLE_RADIUS, soft_contact_gap_m=SOFT_CONTACT_GAP,
                       contact_ke=CONTACT_KE, contact_kd=CONTACT_KD, friction=FRICTION,
-                      rigid_soft_dat=True, rigid_soft_log_barrier=True, **v["material"]),
+                      rigid_soft_dat=True, rigid_soft_log_barrier=True, **v.material),
         failure=failure,
         measurements=measurements(F, S, times, sc),
         audit=dict(frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
                    min_film_film_m=float(np.min(audit["min_film_film"])),
                    min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
     )
-    summary = json_safe(summary)
-    write_json(os.path.join(out, "summary.json"), summary)
+    summary = runfolder.json_safe(summary)
+    runfolder.write_json(os.path.join(out, "summary.json"), summary)
     return summary
 
 
@@ -441,83 +463,22 @@ def _version(name):
         return None
 
 
-# --------------------------------------------------------------------------- comparison
-
-def _load(s):
-    if isinstance(s, dict):
-        return s
-    with open(s) as fh:
-        return json.load(fh)
-
-
-def _mm(x, digits=2):
-    return "—" if x is None else f"{1e3 * x:.{digits}f}"
-
-
-def comparison_rows(ipc_summary, vbd_summary):
-    """Rows (label, IPC, VBD) of the side-by-side table from two summary.json dicts or paths."""
-    out = []
-    runs = [_load(ipc_summary), _load(vbd_summary)]
-
-    def row(label, fn):
-        vals = []
-        for s in runs:
-            try:
-                vals.append(fn(s))
-            except (KeyError, TypeError, IndexError):
-                vals.append("—")
-        out.append((label, *vals))
-
-    row("simulated time (s)", lambda s: f"{s['simulated_s']:.3f}")
-    row("neck width x × y (mm)", lambda s: "{:.2f} × {:.2f}".format(*s["measurements"]["neck_width_mm"]))
-    row("flap height (mm)", lambda s: f"{s['measurements']['flap_height_mm']:.2f}")
-    row("frames with self-intersection / total",
-        lambda s: f"{s['audit']['frames_with_self_intersection']} / {s['audit']['frames']}")
-    row("min film–film distance (mm)", lambda s: _mm(s["audit"]["min_film_film_m"], 4))
-    row("min film–sphere gap (mm)", lambda s: _mm(s["audit"]["min_film_sphere_m"], 4))
-    row("max sphere height range, final 1 s (mm)",
-        lambda s: f"{s['measurements']['max_sphere_height_range_final_1s_mm']:.2f}")
-    row("wall time (s)", lambda s: f"{s['wall_s']:.1f}")
-    row("steps of 1/240 s per wall s", lambda s: f"{s['steps_per_s']:.2f}")
-    row("wall s per simulated s", lambda s: f"{s['wall_s'] / s['simulated_s']:.1f}")
-    row("stopped early", lambda s: "no" if not s.get("failure") else
-        f"{s['failure'].get('reason')} at {s['failure'].get('time_s', float('nan')):.3f} s")
-    return out
-
-
-def compare(ipc_summary_json, vbd_summary_json, file=None) -> str:
-    """Print and return a Markdown side-by-side table of two runs' summary.json (paths or dicts).
-
-    Rows: simulated time, neck width x × y, flap height, self-intersecting frames, minimum
-    film–film and film–sphere distances, sphere height range, wall time, steps/s.
-    """
-    rows = comparison_rows(ipc_summary_json, vbd_summary_json)
-    w = [max(len(str(r[c])) for r in rows + [("measurement", "ipcjax IPC", "Newton VBD")]) for c in range(3)]
-    line = lambda r: "| " + " | ".join(str(v).ljust(w[c]) for c, v in enumerate(r)) + " |"
-    text = "\n".join([line(("measurement", "ipcjax IPC", "Newton VBD")),
-                      "|" + "|".join("-" * (x + 2) for x in w) + "|", *map(line, rows)])
-    print(text, file=file or sys.stdout)
-    return text
-
-
 # --------------------------------------------------------------------------- command line
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scenes.vbd_bag", description=(
+    ap = argparse.ArgumentParser(prog="python -m baselines.vbd_bag", description=(
         "The bag experiment on Newton's VBD solver (Warp CPU device). Writes trajectory.npz and "
-        "summary.json in ipcjax's format to --out; with --compare IPC_SUMMARY prints a side-by-side table."))
+        "summary.json in ipcjax's format to --out; `ipcjax compare --ipc DIR --vbd DIR` puts it "
+        "beside an `ipcjax bag` run."))
     ap.add_argument("--resolution", choices=["coarse", "full"], default="coarse")
     ap.add_argument("--until", type=float, default=0.5, help="simulated end time, s (default 0.5)")
     ap.add_argument("--out", default="runs/vbd")
     ap.add_argument("--save-every", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=ITERATIONS)
-    ap.add_argument("--compare", default=None, help="an IPC run's summary.json to compare against")
     args = ap.parse_args(argv)
-    summary = run_vbd(args.resolution, args.until, args.out, args.save_every, args.iterations)
-    print(dumps({k: summary[k] for k in ("simulated_s", "wall_s", "steps_per_s", "failure", "audit",
-                                          "measurements")}))
-    if args.compare:
-        compare(args.compare, summary)
+    summary = run_vbd(args.resolution, args.until, args.out, save_every=args.save_every, iterations=args.iterations)
+    print(runfolder.dumps({k: summary[k] for k in ("simulated_s", "wall_s", "steps_per_s", "failure", "audit",
+                                                    "measurements")}))
     return 1 if summary["failure"] else 0
 
 

@@ -1,0 +1,274 @@
+"""The bag run (docs/spec.md §5) as a library function: what ``ipcjax bag`` does.
+
+:func:`run_bag` builds the scene, continues a saved state (``resume``), steps the
+choreography with :func:`ipcjax.step.advance`, runs the unfold check when the unfold
+tracks end, checkpoints ``trajectory.npz`` and ``state.npz``, and writes the summary
+(measurements and self-intersection audit) and the pictures and meshes to the run folder,
+all through :mod:`ipcjax.runfolder`. ``ipcjax compare --run`` calls it as well.
+
+Inputs are checked before anything compiles; the messages name the command-line flags
+(``--resume``, ``--out``, ``--until``) that :class:`BagRunOptions` mirrors.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipcjax import runfolder
+from scenes.bag import EPS_T, BagScene
+from scenes.progress import first_step_bar
+
+STEP_TIME_TOL = 1e-6  # s: a saved step index must give its saved time to within this
+
+
+@dataclass(frozen=True)
+class BagRunOptions:
+    """What ``ipcjax bag`` runs; the defaults are the command line's."""
+
+    out: str = "runs/bag"              # run folder
+    until: float = 10.5                # simulated end time, s
+    resolution: str = "full"           # "full" (481 film vertices) or "coarse" (85)
+    save_every: int = 1                # keep every n-th step's frame
+    resume: str | None = None          # a state.npz written by an earlier run
+    checkpoint_every: int = 120        # rewrite trajectory.npz and state.npz every n steps
+    mesh_every: int = 24               # write every n-th saved frame as .vtu/.obj (0: none)
+    pictures: bool = True              # time-series plot and phase snapshots (PNG)
+    linear_solver: str = "sparse"      # Newton linear solve (ipcjax.model.LINEAR_SOLVERS)
+    progress: bool = True              # progress bar and notes on stderr
+
+
+@dataclass
+class BagRunResult:
+    """The summary written to ``out/summary.json``; ``ok`` is False when the run stopped
+    early or a frame self-intersects (``ipcjax bag`` then exits with status 1)."""
+
+    summary: dict
+
+    @property
+    def ok(self) -> bool:
+        return not (self.summary["failure"] or self.summary["audit"]["frames_with_self_intersection"])
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def read_bag_state(path, sc: BagScene, resolution: str):
+    """The ``resume`` state, checked against this bag scene before anything runs: the
+    checks of :func:`ipcjax.runfolder.read_state`, its step index against its time, and the
+    choreography captures (grab positions, tie lengths) that its earlier steps recorded.
+    Loads the captures into ``sc.choreography``.
+
+    Raises:
+        FileNotFoundError, ValueError: one message naming the file and what is wrong.
+    """
+    ch, dt = sc.choreography, sc.dt
+    rs = runfolder.read_state(path, sc.model.n_particles, resolution)
+    t, step = float(rs["t"]), int(rs["step"])
+    _check(abs(step * dt - t) < STEP_TIME_TOL,
+           f"--resume {path}: step {step} does not match t = {t:.6f} s (steps of {dt:.6f} s)")
+    # observe() records a capture when a step starts at or after its track's start; one that
+    # an earlier step recorded cannot be re-made from the saved positions, so it must be here
+    t_last = t - dt  # start of the state's last step
+    due = [tr.name for tr in ch.tracks if tr.needs_capture() and t_last + EPS_T >= tr.t_on]
+    if t_last + EPS_T >= ch.tie.t_on:
+        due.append(ch.tie.name)
+    missing = [f"capture_{n}" for n in due if f"capture_{n}" not in rs]
+    _check(not missing, f"--resume {path}: missing {', '.join(missing)}, which the choreography records "
+                        f"before t = {t:.4f} s")
+    tie = rs.get(f"capture_{ch.tie.name}")
+    _check(tie is None or tie.shape == (len(ch.tie.pairs),),
+           f"--resume {path}: capture_{ch.tie.name} has shape {None if tie is None else tie.shape}; "
+           f"expected ({len(ch.tie.pairs)},) tie lengths")
+    try:
+        ch.load_captures(rs)
+    except ValueError as e:
+        raise ValueError(f"--resume {path}: {e}") from None
+    return rs
+
+
+def read_bag_trajectory(path, sc: BagScene) -> runfolder.Trajectory:
+    """An earlier run's trajectory.npz in the ``out`` folder that ``resume`` extends, checked
+    against the scene (film (T, N_f, 3), spheres (T, S, 3), time (T,))."""
+    tr = runfolder.read_npz(path, "--out holds")
+    missing = [k for k in ("film", "spheres", "time") if k not in tr]
+    _check(not missing, f"--out holds {path} without {', '.join(missing)}: not an `ipcjax bag` trajectory")
+    n_t, nf, ns = tr["time"].shape[0] if tr["time"].ndim == 1 else -1, len(sc.film), len(sc.spheres)
+    _check(tr["time"].shape == (n_t,) and tr["film"].shape == (n_t, nf, 3) and tr["spheres"].shape == (n_t, ns, 3),
+           f"--out holds {path} with film {tr['film'].shape}, spheres {tr['spheres'].shape}, time "
+           f"{tr['time'].shape}; this scene needs (T, {nf}, 3), (T, {ns}, 3), (T,): choose another --out")
+    return runfolder.Trajectory(tr["film"], tr["spheres"], sc.faces, tr["time"])
+
+
+class _Frames:
+    """The saved frames of a bag run, kept on the host."""
+
+    def __init__(self, sc: BagScene):
+        self.sc = sc
+        self.film, self.spheres, self.time = [], [], []
+
+    def add(self, x, t: float) -> None:
+        x = np.asarray(x)
+        self.film.append(x[self.sc.film])
+        self.spheres.append(x[self.sc.spheres])
+        self.time.append(float(t))
+
+    def trajectory(self) -> runfolder.Trajectory:
+        return runfolder.Trajectory(np.stack(self.film), np.stack(self.spheres), self.sc.faces,
+                                    np.asarray(self.time))
+
+
+def run_bag(options: BagRunOptions) -> BagRunResult:
+    """Run (or continue) the bag experiment and write its run folder.
+
+    Writes ``trajectory.npz``, ``state.npz`` (for ``resume``; both also every
+    ``checkpoint_every`` steps and on Ctrl-C), ``summary.json`` and, as asked, meshes,
+    the time-series plot and phase snapshots, to ``options.out``.
+
+    Raises:
+        FileNotFoundError, ValueError, OSError: a bad resume state, an ``out`` holding a
+            trajectory of another scene, an end time with no step left, an unwritable
+            ``out``; all before any step is taken.
+    """
+    from ipcjax import step as ipc_step
+    from scenes.bag import UnfoldIncomplete, bag_scene, check_unfolded
+
+    sc = bag_scene(options.resolution, linear_solver=options.linear_solver)
+    choreo, dt = sc.choreography, sc.dt
+    t_unfold_end = choreo.track("unfold2").t_off
+
+    step_index, unfold_checked = 0, False
+    if options.resume:
+        rs = read_bag_state(options.resume, sc, options.resolution)
+        state = ipc_step.make_state(rs["x"], rs["v"], float(rs["t"]))
+        step_index, unfold_checked = int(rs["step"]), bool(rs["unfold_checked"])
+    else:
+        state = ipc_step.make_state(sc.x)
+    n_total = int(round(options.until / dt))
+    _check(n_total > step_index, f"--until {options.until:g} s leaves no step to run after t = "
+                                 f"{float(state.t):.4f} s (one step is {dt:.6f} s)")
+    runfolder.prepare(options.out)
+    traj_path = os.path.join(options.out, "trajectory.npz")
+    state_path = os.path.join(options.out, "state.npz")
+    frames = _Frames(sc)
+    if options.resume and os.path.exists(traj_path):
+        tr = read_bag_trajectory(traj_path, sc)
+        keep = tr.time <= float(state.t) + EPS_T
+        frames.film, frames.spheres, frames.time = list(tr.film[keep]), list(tr.spheres[keep]), list(tr.time[keep])
+    if not frames.time or frames.time[-1] < float(state.t) - EPS_T:
+        frames.add(state.x, float(state.t))
+
+    def write():
+        runfolder.write_trajectory(traj_path, frames.trajectory())
+        runfolder.write_state(state_path, state.x, state.v, state.t, step=step_index,
+                              unfold_checked=unfold_checked, resolution=options.resolution,
+                              captures=choreo.captures_npz())
+
+    n_run = n_total - step_index
+    bar = None  # started after the first step (see first_step_bar)
+    failure, reports, capacity = None, [], None
+    min_gap = np.inf
+    wall0 = time.perf_counter()
+    first_step_s = None  # wall of this run's first step, which includes the jit compilation
+    while step_index < n_total:
+        t = float(state.t)
+        phase = choreo.phase_at(t)
+        x_now = np.asarray(state.x)
+        choreo.observe(t, x_now)
+        if not unfold_checked and t >= t_unfold_end - EPS_T:
+            try:
+                check_unfolded(x_now, sc.mesh)
+            except UnfoldIncomplete as e:
+                failure = dict(phase="unfold", time_s=t, reason=f"unfold check: {e}", columns=e.columns)
+                break
+            unfold_checked = True
+        if first_step_s is None and options.progress:
+            print("bag: compiling (first step)…", file=sys.stderr, flush=True)
+        try:
+            state_new, rep = ipc_step.advance(sc.model, sc.params, state, choreo.controls_at(step_index, t), dt,
+                                              config=sc.config, capacity=capacity, validate=first_step_s is None)
+        except KeyboardInterrupt:  # keep everything so far; resume continues from here
+            failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
+            break
+        if first_step_s is None:
+            first_step_s = time.perf_counter() - wall0
+        capacity = rep.capacity
+        if not rep.ok:
+            failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))
+            break
+        state = state_new
+        step_index += 1
+        reports.append(rep)
+        min_gap = min(min_gap, rep.min_gap)
+        if step_index % options.save_every == 0 or step_index == n_total:
+            frames.add(state.x, float(state.t))
+        if step_index % options.checkpoint_every == 0:
+            write()
+        bar = first_step_bar("bag", n_run, bar, enabled=options.progress)
+        if bar is not None:
+            bar.set_postfix(phase=phase, t=f"{float(state.t):.3f}s", gap=f"{rep.min_gap * 1e3:.4f}mm",
+                            newton=rep.iterations, depth=rep.max_depth)
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - wall0
+    write()
+    if failure:
+        print(f"bag: stopped in phase {failure['phase']!r} at t = {failure['time_s']:.4f} s: {failure['reason']}",
+              file=sys.stderr)
+    summary = _summary(sc, options, frames.trajectory(), reports, dict(
+        step_index=step_index, simulated_s=float(state.t), wall_s=wall, first_step_s=first_step_s,
+        min_gap_m=float(min_gap), unfold_checked=unfold_checked, failure=failure))
+    runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
+    return BagRunResult(summary)
+
+
+def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, reports, run: dict) -> dict:
+    """summary.json of a bag run: timings, Newton statistics, measurements, audit, outputs."""
+    from ipcjax.audit import audit_trajectory
+    from scenes.bag import measurements
+
+    film, sph = traj.film, traj.spheres
+    audit = audit_trajectory(np.concatenate([film, sph], axis=1), sc.faces,
+                             np.arange(film.shape[1], film.shape[1] + sph.shape[1]), sc.sphere_radius)
+    wall, first_step_s, n = run["wall_s"], run["first_step_s"], len(reports)
+    summary = dict(
+        resolution=options.resolution, steps_this_run=n, step_index=run["step_index"],
+        simulated_s=run["simulated_s"], wall_s=wall, steps_per_s=n / wall if wall > 0 else None,
+        linear_solver=sc.config.linear_solver, first_step_s=first_step_s,
+        wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)
+                                                 if n > 1 and first_step_s is not None else None),
+        newton_iterations=int(sum(r.iterations for r in reports)),
+        max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
+        min_gap_m=run["min_gap_m"], unfold_checked=run["unfold_checked"], failure=run["failure"],
+        measurements=measurements(film, sph, traj.time, sc),
+        audit=dict(frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
+                   min_film_film_m=float(np.min(audit["min_film_film"])),
+                   min_film_sphere_m=float(np.min(audit["min_film_sphere"]))),
+    )
+    summary["outputs"] = bag_outputs(options, sc, traj, audit)
+    return summary
+
+
+def bag_outputs(options: BagRunOptions, sc: BagScene, traj: runfolder.Trajectory, audit: dict) -> dict:
+    """Mesh sequence, time-series plot and phase snapshots of a bag run (paths relative to
+    ``options.out``), as ``options.mesh_every`` and ``options.pictures`` ask."""
+    from scenes.outputs import export_meshes, phase_snapshots, plot_timeseries
+
+    out, phases = {}, sc.choreography.phases
+    if options.mesh_every:
+        paths = export_meshes(os.path.join(options.out, "meshes"), traj, sc.sphere_radius, every=options.mesh_every)
+        out["meshes"] = dict(folder="meshes", files=len(paths), every_saved_frame=options.mesh_every,
+                             paraview="meshes/frame.pvd")
+    if options.pictures:
+        plot_timeseries(os.path.join(options.out, "timeseries.png"), traj, sc.rim - sc.film[0], sc.neck - sc.film[0],
+                        audit=audit, phases=phases, title=f"bag ({sc.resolution})")
+        snaps = phase_snapshots(os.path.join(options.out, "snapshots"), traj, sc.sphere_radius, phases,
+                                obstacles=(np.asarray(sc.x), np.asarray(sc.bin_triangles)))
+        out["timeseries"] = "timeseries.png"
+        out["snapshots"] = [os.path.relpath(p, options.out) for p in snaps]
+    return out
