@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import ipcjax  # noqa: F401  (enables float64, as when this module lived in ipcjax/)
+
 SPRING_STRUCTURAL, SPRING_SHEAR, SPRING_BEND = 0, 1, 2
 SPRING_KIND_NAMES = ("structural", "shear", "bend")
 
