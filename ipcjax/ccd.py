@@ -24,8 +24,7 @@ allows the full step.
 Conservative advancement (``stencil_advance``). The single bound above is exact for a head-on
 approach but pessimistic when the stencil slides or rotates about its contact: the
 vertex-wise approach then overstates how fast the closest points close in, and one such
-contact at a few µm clamps every Newton step of the whole system to ~10% (seen in the bag's
-tie phase: 150 iterations per step with the limiting gap unchanged at 7 µm). The bound is
+contact at a few µm can clamp every Newton step of the whole system to ~10%. The bound is
 therefore re-applied from where it stops: at α_k, recompute the closest points, normal and
 gap g_k, and advance by δ = (g_k − g_floor)/a_k, where a_k is the approach of the same full
 displacement along the new normal and g_floor = (1 − 0.9)·g₀ is the gap the single bound
@@ -38,7 +37,8 @@ to the full step in a few passes.
 Contacts are four-vertex stencils tagged with ``candidates.ContactKind`` (VT, EE, SF =
 sphere centre–face, SS = sphere pair (i, j, j, j)), so the solver can vmap
 ``stencil_max_step`` over its candidate list and take the minimum; the minimum of the
-per-contact fractions equals the spec's rule applied to the minimum g/approach.
+per-contact fractions equals the specification's rule (docs/spec.md §4) applied to the
+minimum g/approach.
 """
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ from ipcjax.distance import (
 
 # Fraction of the exact along-normal bound g/approach taken as the first trial step.
 STEP_SAFETY = 0.9
+# Conservative advancement stops when a pass gains less than this (step fractions, relative
+# and absolute): the remaining passes would not move it.
+ADVANCE_PROGRESS_REL = 1e-6
+ADVANCE_PROGRESS_ABS = 1e-12
 
 
 def approach_speed(u, kind):
@@ -142,7 +146,7 @@ def stencil_advance(X, dX, offset, kind, weights, passes):
         delta = jnp.where(a > 0.0, jnp.maximum(room, 0.0) / jnp.where(a > 0.0, a, 1.0), jnp.inf)
         delta = jnp.where(d > 0.0, delta, 0.0)
         new = jnp.minimum(alpha + delta, 1.0)
-        return new, k + 1, new > alpha * (1.0 + 1e-6) + 1e-12
+        return new, k + 1, new > alpha * (1.0 + ADVANCE_PROGRESS_REL) + ADVANCE_PROGRESS_ABS
 
     # feasible starts only; an infeasible one keeps the single bound's rule
     alpha, k, _ = jax.lax.while_loop(cond, body, (a_first, jnp.int32(1), (g0 > 0.0) & (a_first > 0.0)))
@@ -166,16 +170,9 @@ def point_triangle_max_step(p, t0, t1, t2, dp, dt0, dt1, dt2, offset):
 
 
 def edge_edge_max_step(a0, a1, b0, b1, da0, da1, db0, db1, offset):
-    """Allowed fraction of the displacement of edge (a0, a1) against edge (b0, b1).
-
-    Args:
-      a0, a1, b0, b1: (3,) positions (m).
-      da0, da1, db0, db1: (3,) displacements for a full step (m).
-      offset: distance subtracted from d (m).
-
-    Returns:
-      Step fraction in [0, 1].
-    """
+    """Allowed fraction in [0, 1] of the displacement of edge (a0, a1) against edge (b0, b1),
+    as :func:`point_triangle_max_step`: positions a0, a1, b0, b1 and full-step displacements
+    da0, da1, db0, db1, (3,) m each; ``offset`` (m) is subtracted from d."""
     w, _ = edge_edge_weights(a0, a1, b0, b1)
     X, dX = jnp.stack([a0, a1, b0, b1]), jnp.stack([da0, da1, db0, db1])
     return stencil_max_step(X, dX, w, offset, ContactKind.EE)

@@ -318,11 +318,7 @@ def edge_edge_distance_type(a0, a1, b0, b1):
     not parallel, sin²θ ≥ PARALLEL_SIN2, and both parameters lie in [0, 1]) and the four
     clamped endpoint–segment pairs; a clamped parameter names the end vertex.
 
-    Args:
-      a0, a1, b0, b1: (3,) positions (m).
-
-    Returns:
-      int32 branch index.
+    Positions a0, a1, b0, b1: (3,) m. Returns the int32 branch index.
     """
     a0, a1, b0, b1 = (jax.lax.stop_gradient(x) for x in (a0, a1, b0, b1))
     X = jnp.stack([a0, a1, b0, b1])
@@ -370,12 +366,8 @@ def edge_edge_distance_fixed(a0, a1, b0, b1, dtype):
     d = ‖(1 − s) a0 + s a1 − (1 − t) b0 − t b1‖ with the branch's unclamped parameters,
     e.g. EA_EB: the line–line closest points, d = |N̂·(a0 − b0)|, N = u × v.
 
-    Args:
-      a0, a1, b0, b1: (3,) positions (m).
-      dtype: ``EdgeEdgeType`` (int, may be traced).
-
-    Returns:
-      Distance (m).
+    Positions a0, a1, b0, b1: (3,) m; dtype: ``EdgeEdgeType`` (int, may be traced). Returns
+    distance (m).
     """
     w = _edge_edge_branch_weights(a0, a1, b0, b1)[dtype]
     return stencil_distance(jnp.stack([a0, a1, b0, b1]), w)[0]
@@ -387,11 +379,7 @@ def edge_edge_weights(a0, a1, b0, b1):
     w = (1 − s, s, t − 1, −t) with s, t ∈ [0, 1] the segment parameters of the closest
     points, so Σ wᵢ xᵢ = pA − pB.
 
-    Args:
-      a0, a1, b0, b1: (3,) positions (m).
-
-    Returns:
-      (w (4,), dtype int32 ``EdgeEdgeType``).
+    Positions a0, a1, b0, b1: (3,) m. Returns (w (4,), dtype int32 ``EdgeEdgeType``).
     """
     dtype = edge_edge_distance_type(a0, a1, b0, b1)
     return _edge_edge_branch_weights(a0, a1, b0, b1)[dtype], dtype
@@ -403,10 +391,6 @@ def edge_edge_distance(a0, a1, b0, b1):
     d = min over s, t ∈ [0, 1] of ‖(1 − s) a0 + s a1 − (1 − t) b0 − t b1‖;
     ∂d/∂xᵢ = wᵢ n.
 
-    Args:
-      a0, a1, b0, b1: (3,) positions (m).
-
-    Returns:
-      Distance (m).
+    Positions a0, a1, b0, b1: (3,) m. Returns distance (m).
     """
     return edge_edge_distance_fixed(a0, a1, b0, b1, edge_edge_distance_type(a0, a1, b0, b1))
