@@ -44,11 +44,13 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     import ipcjax  # noqa: F401
     from benchmarks.timing import median_time
     from ipcjax import candidates as C
-    from ipcjax.ldl import sparse_direction
+    from ipcjax.line_search import armijo, step_bound
+    from ipcjax.linear_solvers import linear_solver
     from ipcjax.model import Config, Controls, Params
-    from ipcjax.newton import armijo, cg_direction, newton_direction, query_contacts, step_bound
-    from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential, stencil_geometry
-    from ipcjax.step import step_context
+    from ipcjax.newton import query_contacts
+    from ipcjax.potential import gradient_and_blocks, incremental_potential, stencil_geometry
+    from ipcjax.problem import StepInputs, StepProblem
+    from ipcjax.step import step_problem
     from scenes.film import drape_scene
 
     t_start = time.perf_counter()
@@ -60,41 +62,38 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     dt = jnp.asarray(1.0 / 240.0)
     x = jnp.asarray(sc["x"])
     _, cap = C.find_candidates_host(x, x, m.topology, cfg.dhat + cfg.skin, cfg.min_gap)
-    cs, _ = query_contacts(x, x, m, cfg, cap, cfg.skin)
-    ctx = jax.jit(lambda x: step_context(m, p, x, jnp.zeros_like(x), ctl, dt, cs, cfg, cap.active))(x)
+    cs, _ = query_contacts(x, x, m, cfg, cap, skin=cfg.skin)
+    ctx = jax.jit(lambda x: step_problem(m, cfg, StepInputs(p, x, jnp.zeros_like(x), ctl, dt), cs,
+                                         active=cap.active).context)(x)
+    problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=cfg)
     geometry = jax.jit(lambda x: stencil_geometry(x, cs, m.radius, cfg.min_gap))
     geom = geometry(x)
 
     # as in the Newton loop: the stencils' weights once per iterate, shared by the
     # assembly (over the Capacity.active rows inside d̂) and the step bound
-    blocks = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, cfg, geometry=geometry(x),
-                                                   active=cap.active))
+    blocks = jax.jit(lambda x: gradient_and_blocks(x, problem, cs, geometry=geometry(x), active=cap.active))
     assert int(blocks(x)[1].n_active) <= cap.active, "active-row overflow"
-    if path == "dense":
-        assemble = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb)))(*blocks(x)))
-        direction = jax.jit(lambda g, H: newton_direction(g, H) + (jnp.int32(0),))
-    elif path == "sparse":
-        assemble = blocks
-        direction = jax.jit(lambda g, hb: sparse_direction(g, hb) + (jnp.int32(0),))
-    else:
-        assemble = blocks
-        direction = jax.jit(lambda g, hb: (lambda d, ok, info: (d, ok, info.iterations))(*cg_direction(g, hb, cfg)))
+    # the Newton loop's own solver object: its operator (the dense matrix, or the blocks)
+    # counts to the assembly, its direction to the direction
+    solver = linear_solver(cfg)
+    assemble = jax.jit(lambda x: (lambda g, hb: (g, solver.init(hb)))(*blocks(x)))
+    direction = jax.jit(lambda g, A: (lambda d, ok, info: (d, ok, info.iterations))(*solver.direction(g, A)))
     g, A = assemble(x)
     dxf, ok, cg_iters = direction(g, A)
     assert bool(ok), f"{path} direction failed at n={n}"
     dx = jnp.zeros_like(x).at[m.free_particles].set(dxf.reshape(-1, 3))
-    cand = jax.jit(lambda x, dx: query_contacts(x, x + dx, m, cfg, cap, cfg.skin))
+    cand = jax.jit(lambda x, dx: query_contacts(x, x + dx, m, cfg, cap, skin=cfg.skin))
     c2, st2 = cand(x, dx)
     assert not bool(st2.overflow), "candidate overflow"
 
-    phi = lambda z: incremental_potential(z, m, p, ctl, ctx, cs, cfg)
+    phi = lambda z: incremental_potential(z, problem, cs)
     phi_x = jax.jit(phi)(x)
 
     @jax.jit
     def line_search(x, dx, g, dxf, geom, phi_x):
         # Φ(x) is carried from the previous iteration's line search in the Newton loop
-        a0 = step_bound(x, dx, cs, m.radius, cfg, geom)
-        return armijo(phi, x, dx, phi_x, jnp.dot(g, dxf), a0, cfg)[:3]
+        a0 = step_bound(x, dx, cs, problem, geometry=geom)
+        return armijo(phi, x, dx, cfg, phi0=phi_x, slope=jnp.dot(g, dxf), alpha0=a0)[:3]
 
     t = dict(
         assembly=median_time(lambda: assemble(x), repeat),

@@ -41,12 +41,13 @@ import numpy as np
 
 import ipcjax  # noqa: F401
 from benchmarks.timing import median_time
-from ipcjax.ldl import sparse_direction
 from ipcjax.model import Config, Controls, Params
-from ipcjax.newton import armijo, newton_direction, query_contacts, step_bound
-from ipcjax.newton import newton_solve
-from ipcjax.potential import dense_hessian, gradient_and_blocks, incremental_potential, stencil_geometry
-from ipcjax.step import make_state, simulate, step, step_context
+from ipcjax.line_search import armijo, step_bound
+from ipcjax.linear_solvers import DenseCholesky, SparseLDL
+from ipcjax.newton import newton_solve, query_contacts
+from ipcjax.potential import gradient_and_blocks, incremental_potential, stencil_geometry
+from ipcjax.problem import StepInputs
+from ipcjax.step import make_state, simulate, step, step_problem
 from scenes.film import drape_scene
 
 
@@ -90,38 +91,40 @@ def main(argv=None):
 
     x = jnp.asarray(st.x, jnp.float64)
     v = jnp.asarray(st.v, jnp.float64)
-    cs, stats = query_contacts(x, x, model, cfg, cap, cfg.skin)
-    ctx = step_context(model, params, x, v, ctl, jnp.asarray(dt), cs, cfg, cap.active)
+    cs, stats = query_contacts(x, x, model, cfg, cap, skin=cfg.skin)
+    problem = step_problem(model, cfg, StepInputs(params, x, v, ctl, jnp.asarray(dt)), cs, active=cap.active)
+    dense, sparse_ldl = DenseCholesky(), SparseLDL()  # the Newton loop's own solver objects
 
     @jax.jit
     def assemble_blocks(x):  # the sparse (and CG) path's assembly: the element blocks
         geom = stencil_geometry(x, cs, model.radius, cfg.min_gap)
-        g, hb = gradient_and_blocks(x, model, params, ctl, ctx, cs, cfg, geometry=geom, active=cap.active)
+        g, hb = gradient_and_blocks(x, problem, cs, geometry=geom, active=cap.active)
         return g, hb, geom
 
     # the dense path's: the same blocks scattered into the (3F, 3F) matrix
-    assemble = jax.jit(lambda x: (lambda g, hb, geom: (g, dense_hessian(hb), geom))(*assemble_blocks(x)))
+    assemble = jax.jit(lambda x: (lambda g, hb, geom: (g, dense.init(hb), geom))(*assemble_blocks(x)))
 
     g, H, geom = assemble(x)
     _, hb, _ = assemble_blocks(x)
-    sd = jax.jit(sparse_direction)
-    dx_sp, ok_sp = sd(g, hb)
-    nd = jax.jit(newton_direction)
-    dxf, _ = nd(g, H)
+    sd = jax.jit(sparse_ldl.direction)
+    dx_sp, ok_sp, _ = sd(g, hb)
+    nd = jax.jit(dense.direction)
+    dxf, _, _ = nd(g, H)
     dx = jnp.zeros_like(x).at[model.free_particles].set(dxf.reshape(-1, 3))
-    cand = jax.jit(lambda x, dx: query_contacts(x, x + dx, model, cfg, cap, cfg.skin))
-    phi = lambda z: incremental_potential(z, model, params, ctl, ctx, cs, cfg)
+    cand = jax.jit(lambda x, dx: query_contacts(x, x + dx, model, cfg, cap, skin=cfg.skin))
+    phi = lambda z: incremental_potential(z, problem, cs)
     phi_x = jax.jit(phi)(x)
 
     @jax.jit
     def line_search(x, dx, geom, phi_x):
-        a0 = step_bound(x, dx, cs, model.radius, cfg, geom)
-        return armijo(phi, x, dx, phi_x, jnp.dot(g, dxf), a0, cfg)
+        a0 = step_bound(x, dx, cs, problem, geometry=geom)
+        return armijo(phi, x, dx, cfg, phi0=phi_x, slope=jnp.dot(g, dxf), alpha0=a0)
 
-    solve = jax.jit(lambda x: newton_solve(x, model, params, ctl, ctx, cs, stats, cfg, cap))
+    solve = jax.jit(lambda x: newton_solve(x, problem, cs, stats, capacity=cap))
     _, _, sinfo = solve(x)
     solve_iterations = int(sinfo.iterations)
-    solve_sp = jax.jit(lambda x: newton_solve(x, model, params, ctl, ctx, cs, stats, cfg_sp, cap))
+    problem_sp = problem._replace(config=cfg_sp)
+    solve_sp = jax.jit(lambda x: newton_solve(x, problem_sp, cs, stats, capacity=cap))
     _, _, sinfo_sp = solve_sp(x)
 
     t_cand = median_time(lambda: cand(x, dx), args.repeat)

@@ -1,7 +1,7 @@
 """Broad phase: contact candidates for one swept move, with static capacity and an overflow flag.
 
 Every element gets an axis-aligned box over its vertices at the start and at the end
-of the proposed move (per-axis min/max over both). Candidate kinds (spec §4):
+of the proposed move (per-axis min/max over both). Candidate kinds (docs/spec.md §4):
 
     VT  (vertex p, triangle t)   p not a vertex of t          gap tolerance  dhat + min_gap
     EE  (edge i, edge j), i < j  no shared vertex, once        gap tolerance  dhat + min_gap
@@ -39,6 +39,7 @@ FP32_PAD = 4.0 * EPS32  # relative outward expansion of every box bound
 
 _AXIS_BITS = 21  # a cell key packs three 21-bit cell coordinates into one int64
 _MAX_CELL = 1 << (_AXIS_BITS - 1)  # cell coordinates are clipped to [0, 2^20]
+_MIN_CELL_M = 1e-30  # m: the grid cell edge is never zero (all boxes degenerate to one point)
 _NO_KEY = np.iinfo(np.int64).max  # sorts after every real cell key
 _MAX_BUFFER = 1 << 28  # the host refuses to allocate a buffer above this (entries)
 _MAX_SEGMENT = 1 << 40  # per-box cell counts are clipped here (still far above any buffer)
@@ -251,8 +252,10 @@ def _first_above(sorted_owner, first, last, q, n_steps: int):
     return jax.lax.fori_loop(0, n_steps, step, (first, last))[0]
 
 
-def _grid_pairs(q_lo, q_hi, t_lo, t_hi, keep, cap: GridCapacity, same_set: bool = False):
+def _grid_pairs(q_box, t_box, keep, *, cap: GridCapacity, same_set: bool = False):
     """All (query, target) index pairs whose boxes overlap and that `keep(q, t)` accepts.
+
+    ``q_box``, ``t_box``: (lo, hi) corners, each (n, 3) m, of the query and target boxes.
 
     Uniform grid. The cell edge is the larger of the median query-box and median
     target-box extents, so a typical box touches at most two cells per axis; outsized
@@ -270,6 +273,7 @@ def _grid_pairs(q_lo, q_hi, t_lo, t_hi, keep, cap: GridCapacity, same_set: bool 
     Returns (q, t, hit, work) with hit a mask over the `cap.tests` slots and
     work = (insert, lookup, tests) entries needed (int64).
     """
+    (q_lo, q_hi), (t_lo, t_hi) = q_box, t_box
     q_ext = jnp.max(q_hi - q_lo, axis=1)
     t_ext = jnp.max(t_hi - t_lo, axis=1)
     origin = jnp.minimum(q_lo.min(0), t_lo.min(0))
@@ -277,7 +281,7 @@ def _grid_pairs(q_lo, q_hi, t_lo, t_hi, keep, cap: GridCapacity, same_set: bool 
     span_all = jnp.max(top - origin)
     cell = jnp.maximum(jnp.median(q_ext), jnp.median(t_ext))
     # at most 2^20 cells per axis (keys fit an int64); never zero
-    cell = jnp.maximum(jnp.maximum(cell, span_all * (2.0 / _MAX_CELL)), 1e-30)
+    cell = jnp.maximum(jnp.maximum(cell, span_all * (2.0 / _MAX_CELL)), _MIN_CELL_M)
 
     tc_lo, tc_hi = _cell_range(t_lo, t_hi, origin, cell)
     qc_lo, qc_hi = _cell_range(q_lo, q_hi, origin, cell)
@@ -334,11 +338,10 @@ def _resolve(capacity: Capacity, topo: ContactTopology) -> Capacity:
 def initial_capacity(topo: ContactTopology) -> Capacity:
     """A starting capacity from the topology sizes (the host helper grows it on overflow).
 
-    Active contact rows start at two per point (+64): the 481-vertex bag's 10.5 s run
-    peaks at 1,101 stencils inside d̂ (median 304) among 14–20k candidate rows. Sphere–face
-    rows start at 16 per sphere (+64), and at no fewer than min(S·T, 256): every
-    sphere–triangle pair of a small scene (a 10 × 10 drape over one sphere has 162 and
-    uses about 100 of them), so small scenes never start short.
+    Active contact rows start at two per point (+64), above the peak number of stencils
+    inside d̂ of the bag run (about 2.3 per film vertex; a small share of the candidate rows).
+    Sphere–face rows start at 16 per sphere (+64), and at no fewer than min(S·T, 256):
+    every sphere–triangle pair of a small scene, so small scenes never start short.
     """
     P, E, S, T = len(topo.points), len(topo.edges), len(topo.spheres), len(topo.triangles)
     sf = max(16 * S + 64, min(S * T, 256))
@@ -369,7 +372,7 @@ def check_capacity(capacity) -> Capacity:
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
-def find_candidates(x_start, x_end, topo: ContactTopology, dhat, min_gap, capacity: Capacity) -> Candidates:
+def find_candidates(x_start, x_end, topo: ContactTopology, dhat, min_gap, *, capacity: Capacity) -> Candidates:
     """Broad-phase candidates for the move x_start → x_end (jitted; pure JAX).
 
     VT and SF share one grid search (vertex boxes and sphere-centre boxes, the latter
@@ -419,7 +422,7 @@ def find_candidates(x_start, x_end, topo: ContactTopology, dhat, min_gap, capaci
             v, tv = vertex[q], tri[t]
             return jnp.all(tv != v[:, None], axis=1) & not_all_fixed(v[:, None], tv)
 
-        q, t, hit, work_face = _grid_pairs(q_lo, q_hi, *box(tri, 0.0), keep_face, cap.face_grid)
+        q, t, hit, work_face = _grid_pairs((q_lo, q_hi), box(tri, 0.0), keep_face, cap=cap.face_grid)
         (vt, n_vt), (sf, n_sf) = (_compact(vertex[q], t, hit & m, c, T)
                                   for m, c in (((q < P), cap.vt), ((q >= P), cap.sf)))
     else:
@@ -433,7 +436,7 @@ def find_candidates(x_start, x_end, topo: ContactTopology, dhat, min_gap, capaci
             return (i < j) & disjoint & not_all_fixed(a, b)
 
         ee_box = box(edges, w_ee)
-        i, j, hit, work_edge = _grid_pairs(*ee_box, *ee_box, keep_ee, cap.edge_grid, same_set=True)
+        i, j, hit, work_edge = _grid_pairs(ee_box, ee_box, keep_ee, cap=cap.edge_grid, same_set=True)
         ee, n_ee = _compact(i, j, hit, cap.ee, E)
     else:
         (ee, n_ee), work_edge = empty(cap.ee), jnp.zeros(3, jnp.int64)
@@ -456,7 +459,7 @@ def _grow(n: int, old: int) -> int:
     return old if n <= old else int(1.5 * n) + 64
 
 
-def grow_capacity(capacity: Capacity, n_vt: int, n_ee: int, n_sf: int, work, n_active: int = 0) -> Capacity:
+def grow_capacity(capacity: Capacity, n_vt: int, n_ee: int, n_sf: int, work, *, n_active: int = 0) -> Capacity:
     """A capacity above the needs an overflowing query reported (×1.5 + 64 where short).
 
     Args:
@@ -490,7 +493,7 @@ def grow_capacity(capacity: Capacity, n_vt: int, n_ee: int, n_sf: int, work, n_a
                     _grow(int(n_sf), int(capacity.sf)), *grids, active)
 
 
-def find_candidates_host(x_start, x_end, topo: ContactTopology, dhat, min_gap, capacity=None,
+def find_candidates_host(x_start, x_end, topo: ContactTopology, dhat, min_gap, *, capacity=None,
                          max_rounds: int = 6):
     """Query, and on overflow reallocate above the true counts and query again.
 
@@ -507,7 +510,7 @@ def find_candidates_host(x_start, x_end, topo: ContactTopology, dhat, min_gap, c
         raise ValueError("find_candidates_host: positions must be finite")
     cap = _resolve(capacity if capacity is not None else initial_capacity(topo), topo)
     for _ in range(max_rounds):
-        cands = find_candidates(x_start, x_end, topo, dhat, min_gap, cap)
+        cands = find_candidates(x_start, x_end, topo, dhat, min_gap, capacity=cap)
         if not bool(cands.overflow):
             return cands, cap
         cap = grow_capacity(cap, int(cands.n_vt), int(cands.n_ee), int(cands.n_sf), cands.work)

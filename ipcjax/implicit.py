@@ -1,27 +1,31 @@
 """Gradients through the step solve: implicit-function VJP and differentiable rollouts.
 
 At the converged x* of one step, the free-DOF gradient of the incremental potential
-vanishes: G(x*; θ) = ∇ₓΦ(x*; θ) = 0, with θ = (params, x₀, v₀, controls, dt). The
+vanishes: G(x*; θ) = ∇ₓΦ(x*; problem(θ)) = 0, with θ the step's inputs
+(:class:`~ipcjax.problem.StepInputs`: params, x₀, v₀, controls, dt) and problem(θ) its
+:class:`~ipcjax.problem.StepProblem` (:func:`ipcjax.step.step_problem`). The
 implicit-function theorem gives dx*/dθ = −H⁻¹ ∂G/∂θ with H = ∂G/∂x, so for a cotangent x̄
 
-    u = −H⁻¹ x̄          (one linear solve with the Hessian at x*)
-    θ̄ = uᵀ ∂G/∂θ        (one VJP of θ ↦ ∇ₓΦ(x*; θ))
+    u = −H⁻¹ x̄          (one linear solve with the Hessian at x*: :func:`solve_at`)
+    θ̄ = uᵀ ∂G/∂θ        (one VJP of θ ↦ ∇ₓΦ(x*; problem(θ)), as jaxopt's ``root_vjp``)
 
 Approximations, each documented in docs/differentiation.md:
 
 * the candidate stencils, the active set and the lagged friction stencils of the step are
   held fixed in the backward pass (the friction loads λ = μf(−B′(g₀)), weights and normals
   are still differentiated through their dependence on x₀, μf and k);
-* ``hessian="exact"`` (default) uses ∇²Φ assembled from exact element Hessians (the
-  barrier's includes B′∇²d); ``hessian="projected"`` reuses the PSD Hessian of the
+* ``hessian="exact"`` (default, :attr:`PSDProjection.NONE <ipcjax.energies.PSDProjection>`)
+  uses ∇²Φ assembled from exact element Hessians (the barrier's includes B′∇²d);
+  ``hessian="projected"`` (``PSDProjection.PER_ELEMENT``) reuses the PSD Hessian of the
   forward Newton solve — cheaper and always factorizable, but only approximate;
 * FP32 rounding of the stored positions passes the cotangent through unchanged;
 * fixed particles satisfy x*ᵢ = x₀ᵢ, so their cotangent flows straight to x₀.
 
-The linear solve follows ``config.linear_solver``: the dense path factorizes H (LU for
-the exact Hessian, Cholesky for the projected one); the CG path solves with block-Jacobi
+The linear solve is the ``solve`` of the same solver object the Newton direction uses
+(:func:`ipcjax.linear_solvers.linear_solver` of ``config``): the dense one factorizes H
+(LU for the exact Hessian, Cholesky for the projected one); CG solves with block-Jacobi
 PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is positive
-semidefinite, and the inertia makes it definite); the sparse path factorizes the sparse
+semidefinite, and the inertia makes it definite); the sparse one factorizes the sparse
 H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A CG solve that misses its tolerance, or a
 sparse factorization with a zero pivot (a non-positive one for the projected Hessian),
 gives a NaN solution, and a host check then raises :class:`BackwardFailed` rather than
@@ -46,59 +50,39 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 
 from ipcjax import candidates as _cand
-from ipcjax.ldl import sparse_solve
+from ipcjax.energies import PSDProjection
+from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Controls, Model, check_controls, check_dt, check_params
-from ipcjax.newton import active_size, block_jacobi, pcg
-from ipcjax.potential import (HessianBlocks, dense_hessian, friction_kinks, gradient_and_blocks, hessian_matvec,
-                              incremental_potential)
-from ipcjax.result import StepCode
-from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_context
+from ipcjax.newton import CandidateStats, active_size
+from ipcjax.potential import ContactSet, friction_kinks, gradient_and_blocks, incremental_potential
+from ipcjax.problem import StepInputs, StepProblem
+from ipcjax.result import StepCode, set_code
+from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_problem
 
 
-def _free_gradient(x_star, model: Model, params, x0, v0, controls, dt, contacts, contacts0, config, active=None):
-    """G(θ) = ∇ₓΦ(x*; θ) over the free DOFs, with x*'s fixed entries tied to x₀."""
-    x = jnp.where(model.fixed[:, None], x0, x_star)
-    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config, active)
-    g = jax.grad(incremental_potential)(x, model, params, controls, ctx, contacts, config)
-    return g[model.free_particles].reshape(-1)
+def free_gradient(x, problem: StepProblem, contacts: ContactSet):
+    """∇ₓΦ(x; problem) over the free DOFs, (3F,) N."""
+    g = jax.grad(incremental_potential)(x, problem, contacts)
+    return g[problem.model.free_particles].reshape(-1)
 
 
-def hessian_solve(hb: HessianBlocks, rhs, config: Config, hessian: str = "exact"):
-    """u = H⁻¹ rhs over the free DOFs by the path ``config.linear_solver`` selects.
-
-    Dense: LU (``hessian="exact"``, possibly indefinite away from a minimiser) or
-    Cholesky (``"projected"``) of the scattered matrix. CG: block-Jacobi PCG on the
-    blocks to ``config.cg_tolerance``; NaN where it does not converge. Sparse: host LDLᵀ
-    of the blocks; NaN on a zero pivot (on a non-positive one for ``"projected"``).
-    """
-    if config.linear_solver == "cg":
-        u, conv, _ = pcg(lambda v: hessian_matvec(hb, v), rhs, block_jacobi(hb),
-                         config.cg_tolerance, config.cg_max_iterations)
-        return jnp.where(conv, u, jnp.nan)
-    if config.linear_solver == "sparse":
-        return sparse_solve(hb, rhs, require_pd=(hessian == "projected"))[0]
-    H = dense_hessian(hb)
-    if hessian == "exact":
-        return jnp.linalg.solve(H, rhs)
-    return jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
-
-
-def solve_at(x, model: Model, params, controls, ctx, contacts, config: Config, rhs, hessian: str = "exact",
+def solve_at(x, problem: StepProblem, contacts: ContactSet, rhs, *, projection: PSDProjection = PSDProjection.NONE,
              active: int | None = None):
-    """u = H⁻¹ rhs with H the Hessian (``hessian``: exact or projected) of Φ at x.
+    """u = H⁻¹ rhs with H the Hessian of Φ at x (``projection``: exact or per-element PSD).
 
+    The linear solver is the one ``config.linear_solver`` names (:mod:`ipcjax.linear_solvers`).
     H is assembled over the barrier stencils inside d̂ compacted into ``active`` rows
     (None: every candidate row); when x has more of them, the solve is redone with every
     row (``lax.cond``: both are compiled, one runs), so the result never misses a contact.
     """
+    solver = linear_solver(problem.config)
+
     def solve_with(rows):
-        _, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config,
-                                    exact=(hessian == "exact"), active=rows)
-        return hessian_solve(hb, rhs, config, hessian), hb.n_active
+        _, hb = gradient_and_blocks(x, problem, contacts, projection=projection, active=rows)
+        return solver.solve(solver.init(hb), rhs, projection), hb.n_active
 
     u, n_active = solve_with(active)
     if active is None:
@@ -106,51 +90,60 @@ def solve_at(x, model: Model, params, controls, ctx, contacts, config: Config, r
     return jax.lax.cond(n_active <= active, lambda: u, lambda: solve_with(None)[0])
 
 
-def make_solve(model: Model, config: Config, capacity, *, hessian: str = "exact", with_stats: bool = False):
+def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProjection = "exact",
+               with_stats: bool = False):
     """A differentiable ``solve(params, x0, v0, controls, dt) -> (x*, code)`` for one step.
 
     x* is the unrounded FP64 minimiser; ``code`` is the solve's StepCode (int32). The
-    VJP is the implicit one described in the module docstring. With ``with_stats`` it
+    VJP is the implicit one described in the module docstring; ``hessian`` is its
+    :class:`~ipcjax.energies.PSDProjection` ("exact" or "projected"). With ``with_stats`` it
     returns ``(x*, code, stats, kinks)``: the solve's :class:`~ipcjax.newton.CandidateStats`
     (what a capacity overflow needed) and the number of friction stencils at x₀ on a
-    closest-feature boundary (:func:`ipcjax.potential.friction_kinks`). A backward solve that fails (a singular Hessian,
-    CG short of its tolerance) raises :class:`BackwardFailed` instead of a NaN gradient.
+    closest-feature boundary (:func:`ipcjax.potential.friction_kinks`). A backward solve
+    that fails (a singular Hessian, CG short of its tolerance) raises
+    :class:`BackwardFailed` instead of a NaN gradient.
+
+    Raises:
+        ValueError: an unknown ``hessian``.
     """
-    if hessian not in ("exact", "projected"):
-        raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+    projection = PSDProjection(hessian)
     active = active_size(capacity)
 
-    def forward(params, x0, v0, controls, dt):
-        x, cs, cs0, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
+    def forward(inputs: StepInputs):
+        x, cs, cs0, sinfo, overlap = solve_positions(model, inputs, config, capacity)
         code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
-        kinks = friction_kinks(x0, cs0, model.radius, params, config) if with_stats else jnp.int32(0)
+        kinks = (friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config) if with_stats
+                 else jnp.int32(0))
         return (x, code, sinfo.stats, kinks), (cs, cs0)
 
     @jax.custom_vjp
-    def solve(params, x0, v0, controls, dt):
-        return forward(params, x0, v0, controls, dt)[0]
+    def solve(inputs: StepInputs):
+        return forward(inputs)[0]
 
-    def fwd(params, x0, v0, controls, dt):
-        out, (cs, cs0) = forward(params, x0, v0, controls, dt)
-        return out, (out[0], cs, cs0, params, x0, v0, controls, dt)
+    def fwd(inputs: StepInputs):
+        out, (cs, cs0) = forward(inputs)
+        return out, (out[0], cs, cs0, inputs)
 
     def bwd(res, cot):
-        x, cs, cs0, params, x0, v0, controls, dt = res
+        # one VJP over the step's inputs θ: θ̄ = uᵀ ∂G/∂θ with H u = −x̄ (module docstring)
+        x, cs, cs0, inputs = res
         xbar = cot[0]
-        fp = model.free_particles
-        ctx = step_context(model, params, x0, v0, controls, dt, cs0, config, active)
-        u = solve_at(x, model, params, controls, ctx, cs, config, -xbar[fp].reshape(-1), hessian, active)
+        problem = step_problem(model, config, inputs, cs0, active=active)
+        u = solve_at(x, problem, cs, -xbar[model.free_particles].reshape(-1), projection=projection, active=active)
         jax.debug.callback(_check_backward, jnp.all(jnp.isfinite(u)))
-        G = lambda p, a, b, c, d: _free_gradient(x, model, p, a, b, c, d, cs, cs0, config, active)
-        _, vjp = jax.vjp(G, params, x0, v0, controls, dt)
-        gp, gx0, gv0, gc, gdt = vjp(u)
-        gx0 = gx0 + jnp.where(model.fixed[:, None], xbar, 0.0)
-        return gp, gx0, gv0, gc, gdt
+        def G(theta):  # x*'s fixed entries are x₀'s
+            x_tied = jnp.where(model.fixed[:, None], theta.x0, x)
+            return free_gradient(x_tied, step_problem(model, config, theta, cs0, active=active), cs)
+
+        _, vjp = jax.vjp(G, inputs)
+        (theta_bar,) = vjp(u)
+        # fixed particles: x*ᵢ = x₀ᵢ, their cotangent flows straight to x₀
+        return (theta_bar._replace(x0=theta_bar.x0 + jnp.where(model.fixed[:, None], xbar, 0.0)),)
 
     solve.defvjp(fwd, bwd)
     if with_stats:
-        return solve
-    return lambda params, x0, v0, controls, dt: solve(params, x0, v0, controls, dt)[:2]
+        return lambda params, x0, v0, controls, dt: solve(StepInputs(params, x0, v0, controls, dt))
+    return lambda params, x0, v0, controls, dt: solve(StepInputs(params, x0, v0, controls, dt))[:2]
 
 
 class RolloutFailed(StepFailed):
@@ -206,7 +199,7 @@ def _check_backward(finite):
                               "is singular, or CG missed its tolerance): the gradient would be NaN"))
 
 
-def _check_codes(codes, n_vt, n_ee, n_sf, work, n_active):
+def _check_codes(codes, stats: CandidateStats):
     """Host check after a rollout: raise :class:`RolloutFailed` at the first failed step."""
     codes = np.asarray(codes)
     T = codes.shape[-1]
@@ -216,7 +209,8 @@ def _check_codes(codes, n_vt, n_ee, n_sf, work, n_active):
         return
     b, i = (int(v) for v in bad[0])
     pick = lambda a: np.asarray(a).reshape((-1, T) + np.shape(a)[codes.ndim:])[b, i]
-    needs = (int(pick(n_vt)), int(pick(n_ee)), int(pick(n_sf)), pick(work), int(pick(n_active)))
+    needs = (int(pick(stats.n_vt)), int(pick(stats.n_ee)), int(pick(stats.n_sf)), pick(stats.work),
+             int(pick(stats.n_active)))
     _raise(RolloutFailed(i, int(flat[b, i]), needs))
 
 
@@ -251,8 +245,8 @@ logging.getLogger("jax._src.debugging").addFilter(_QuietChecks())
 
 #: Newton tolerance (m) of a differentiated step by default (see :class:`Rollout`).
 DIFF_TOLERANCE = 1e-9
-#: Iteration cap of a differentiated step, at least: 1e-9 m took up to 107 iterations
-#: on the sliding layers (``benchmarks/gradient_tolerance.py``).
+#: Iteration cap of a differentiated step, at least: a 1e-9 m tolerance needs about a
+#: hundred iterations on frictional sliding (``benchmarks/gradient_tolerance.py``).
 DIFF_MAX_NEWTON = 300
 
 
@@ -294,16 +288,15 @@ class Rollout:
       indices, x₀ and v₀ shapes and finiteness.
     """
 
-    def __init__(self, model: Model, config: Config, capacity=None, *, hessian: str = "exact",
+    def __init__(self, model: Model, config: Config, capacity=None, *, hessian: str | PSDProjection = "exact",
                  round_fp32: bool = True, max_regrow: int = 6, tolerance: float | None = DIFF_TOLERANCE,
                  report: bool = False):
-        if hessian not in ("exact", "projected"):
-            raise ValueError(f"hessian must be 'exact' or 'projected'; got {hessian!r}")
+        projection = PSDProjection(hessian)
         if tolerance is not None:
             if not (np.isfinite(tolerance) and tolerance > 0):
                 raise ValueError(f"tolerance must be a finite number > 0 m, or None; got {tolerance!r}")
             config = dataclasses.replace(config, max_newton=max(config.max_newton, DIFF_MAX_NEWTON))
-        self.model, self.config, self.hessian, self.round_fp32 = model, config, hessian, round_fp32
+        self.model, self.config, self.projection, self.round_fp32 = model, config, projection, round_fp32
         self.tolerance, self.report = tolerance, bool(report)
         self.capacity = _cand.initial_capacity(model.topology) if capacity is None else _cand.check_capacity(capacity)
         self.max_regrow = int(max_regrow)
@@ -313,10 +306,43 @@ class Rollout:
         """The jitted rollout at ``capacity`` (jitted here, so repeated plain and ``jax.grad``
         calls reuse one compilation instead of retracing the scan each time)."""
         if capacity not in self._compiled:
-            self._compiled[capacity] = jax.jit(
-                _rollout_fn(self.model, self.config, capacity, self.hessian, self.round_fp32, self.tolerance,
-                            self.report))
+            self._compiled[capacity] = jax.jit(self._rollout(capacity))
         return self._compiled[capacity]
+
+    def _rollout(self, capacity):
+        """The scanned rollout at one static capacity, with the host check of its codes."""
+        model, config, tolerance, round_fp32 = self.model, self.config, self.tolerance, self.round_fp32
+        solve = make_solve(model, config, capacity, hessian=self.projection, with_stats=True)
+
+        def rollout(params, x0, v0, controls_seq, dt):
+            dt = jnp.asarray(dt, jnp.float64)
+            if tolerance is not None:
+                controls_seq = controls_seq._replace(tolerance=jnp.minimum(controls_seq.tolerance, tolerance))
+
+            def body(carry, ctl):
+                x, v = carry
+                x_new, code, stats, kinks = solve(params, x, v, ctl, dt)
+                if round_fp32:
+                    x32 = x_new.astype(jnp.float32)
+                    gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
+                    stats = stats.merge(st)
+                    code = set_code(code, StepCode.GAP_LOST_IN_ROUNDING, where=gap <= 0)
+                    code = set_code(code, StepCode.CAPACITY_OVERFLOW, where=st.overflow)
+                    x_new = x32.astype(jnp.float64)
+                v_new = (x_new - x) / dt
+                ok = code == 0
+                x_out = jnp.where(ok, x_new, x)
+                v_out = jnp.where(ok, v_new, v)
+                return (x_out, v_out), (x_out, v_out, code, stats, kinks)
+
+            x0 = jnp.asarray(x0, jnp.float64)
+            _, (frames, vels, codes, stats, kinks) = jax.lax.scan(body, (x0, jnp.asarray(v0, jnp.float64)),
+                                                                  controls_seq)
+            jax.debug.callback(_check_codes, codes, stats)
+            jax.debug.callback(_warn_kinks, kinks)
+            return (frames, vels, codes, kinks) if self.report else (frames, vels, codes)
+
+        return rollout
 
     def _check_inputs(self, params, x0, v0, controls_seq, dt):
         params = check_params(params)
@@ -344,52 +370,17 @@ class Rollout:
                         or attempt == self.max_regrow):
                     raise failure from None
                 n_vt, n_ee, n_sf, work, n_active = failure.needs
-                self.capacity = _cand.grow_capacity(self.capacity, n_vt, n_ee, n_sf, work, n_active)
+                self.capacity = _cand.grow_capacity(self.capacity, n_vt, n_ee, n_sf, work, n_active=n_active)
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def make_rollout(model: Model, config: Config, capacity=None, *, hessian: str = "exact", round_fp32: bool = True,
-                 max_regrow: int = 6, tolerance: float | None = DIFF_TOLERANCE, report: bool = False) -> Rollout:
+def make_rollout(model: Model, config: Config, capacity=None, *, hessian: str | PSDProjection = "exact",
+                 round_fp32: bool = True, max_regrow: int = 6, tolerance: float | None = DIFF_TOLERANCE,
+                 report: bool = False) -> Rollout:
     """A differentiable :class:`Rollout` (see there: failures raise, capacity grows, and each
     step converges to ``tolerance``, 1e-9 m by default, so that its gradient is accurate)."""
     return Rollout(model, config, capacity, hessian=hessian, round_fp32=round_fp32, max_regrow=max_regrow,
                    tolerance=tolerance, report=report)
-
-
-def _rollout_fn(model: Model, config: Config, capacity, hessian: str, round_fp32: bool, tolerance=None,
-                report: bool = False):
-    """The scanned rollout at one static capacity, with the host check of its codes."""
-    solve = make_solve(model, config, capacity, hessian=hessian, with_stats=True)
-
-    def rollout(params, x0, v0, controls_seq, dt):
-        dt = jnp.asarray(dt, jnp.float64)
-        if tolerance is not None:
-            controls_seq = controls_seq._replace(tolerance=jnp.minimum(controls_seq.tolerance, tolerance))
-
-        def body(carry, ctl):
-            x, v = carry
-            x_new, code, stats, kinks = solve(params, x, v, ctl, dt)
-            if round_fp32:
-                x32 = x_new.astype(jnp.float32)
-                gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
-                stats = stats.merge(st)
-                code = code | jnp.where(gap <= 0, int(StepCode.GAP_LOST_IN_ROUNDING), 0).astype(jnp.int32)
-                code = code | jnp.where(st.overflow, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
-                x_new = x32.astype(jnp.float64)
-            v_new = (x_new - x) / dt
-            ok = code == 0
-            x_out = jnp.where(ok, x_new, x)
-            v_out = jnp.where(ok, v_new, v)
-            return (x_out, v_out), (x_out, v_out, code, stats, kinks)
-
-        x0 = jnp.asarray(x0, jnp.float64)
-        _, (frames, vels, codes, stats, kinks) = jax.lax.scan(body, (x0, jnp.asarray(v0, jnp.float64)),
-                                                              controls_seq)
-        jax.debug.callback(_check_codes, codes, stats.n_vt, stats.n_ee, stats.n_sf, stats.work, stats.n_active)
-        jax.debug.callback(_warn_kinks, kinks)
-        return (frames, vels, codes, kinks) if report else (frames, vels, codes)
-
-    return rollout
 
 
 def stack_controls(controls_list) -> Controls:

@@ -1,9 +1,9 @@
 """Sparse direct solve of H u = b from the element blocks: LDLᵀ on the host, reached from ``jit``.
 
-``config.linear_solver = "sparse"`` selects it (see :mod:`ipcjax.newton` and
-:mod:`ipcjax.implicit`). The film's Hessian is sparse — the bag's 1,464 free DOFs carry
-about 50k non-zeros of 2.1M, 2.5% — so its factorization costs a fraction of the dense
-Cholesky, and no (3F)² matrix is ever formed.
+``config.linear_solver = "sparse"`` selects it, as :class:`ipcjax.linear_solvers.SparseLDL`,
+the object the Newton direction and the implicit VJP both call. The film's Hessian is
+sparse — a few per cent of its entries are non-zero (docs/benchmarks.md) — so its
+factorization costs a fraction of the dense Cholesky, and no (3F)² matrix is ever formed.
 
 Inside the traced computation, :func:`sparse_solve` is one ``jax.pure_callback``; the
 host function
@@ -98,8 +98,3 @@ def sparse_solve(hb: HessianBlocks, rhs, require_pd: bool = True):
     return jax.pure_callback(lambda d, r, b, y: host_solve(d, r, b, y, require_pd), out,
                              hb.diag, hb.rows, hb.blocks, rhs, vmap_method="sequential")
 
-
-def sparse_direction(g, hb: HessianBlocks):
-    """Δx over the free DOFs from H Δx = −g by sparse LDLᵀ, and a success flag (H PD)."""
-    dx, ok = sparse_solve(hb, -g, require_pd=True)
-    return jnp.where(ok, dx, 0.0), ok

@@ -27,6 +27,7 @@ import numpy as np
 from ipcjax import candidates as _cand
 from ipcjax.energies import bending as _bend
 from ipcjax.energies import membrane as _memb
+from ipcjax.energies import PSDProjection  # noqa: F401  (re-exported: the Hessian projection's one name)
 from ipcjax.topology import as_triangles, hinge_topology
 
 
@@ -245,9 +246,12 @@ LINEAR_SOLVERS = ("dense", "cg", "sparse")
 class Config:
     """Solver settings.
 
-    ``membrane``, ``bending`` and ``linear_solver`` choose the energy models and the
-    Newton linear solve and are static (changing them recompiles); the numbers are traced
-    leaves of the pytree, so tolerances, caps and distances can change without
+    ``membrane``, ``bending`` and ``linear_solver`` name the energy models
+    (:class:`~ipcjax.energies.membrane.MembraneModel`,
+    :class:`~ipcjax.energies.bending.BendingModel`) and the linear solver object
+    (:func:`ipcjax.linear_solvers.linear_solver`) and are static (changing them
+    recompiles); an unknown name raises ValueError listing the known ones. The numbers are
+    traced leaves of the pytree, so tolerances, caps and distances can change without
     recompiling. ``linear_solver="dense"`` factorizes the equilibrated (3F, 3F) Hessian by
     Cholesky; ``"cg"`` never forms it and solves with block-Jacobi preconditioned
     conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
@@ -256,9 +260,9 @@ class Config:
     exact like ``"dense"``, without the (3F)² matrix).
     """
 
-    membrane: str = "neo_hookean"       # or "stvk"
-    bending: str = "hinge"              # or "discrete_shell"
-    linear_solver: str = "dense"        # or "cg", "sparse"
+    membrane: str = "neo_hookean"       # or "stvk": energies.membrane.MEMBRANE_MODELS
+    bending: str = "hinge"              # or "discrete_shell": energies.bending.BENDING_MODELS
+    linear_solver: str = "dense"        # or "cg", "sparse": linear_solvers.linear_solver
     dhat: float = 1.0e-3                # barrier activation distance, m
     min_gap: float = 0.030e-3           # film mid-surface gap, m
     skin: float = 1.5e-3                # candidate-reuse skin between Newton iterations, m
@@ -271,10 +275,8 @@ class Config:
     ccd_passes: int = 256               # conservative-advancement passes of the step bound (1: single bound)
 
     def __post_init__(self):
-        if self.membrane not in ("neo_hookean", "stvk"):
-            raise ValueError(f"membrane must be 'neo_hookean' or 'stvk'; got {self.membrane!r}")
-        if self.bending not in ("hinge", "discrete_shell"):
-            raise ValueError(f"bending must be 'hinge' or 'discrete_shell'; got {self.bending!r}")
+        _memb.membrane_model(self.membrane)  # unknown names raise, listing the known ones
+        _bend.bending_model(self.bending)
         if self.linear_solver not in LINEAR_SOLVERS:
             raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}; got {self.linear_solver!r}")
         if not (0 < self.cg_tolerance < 1 and self.cg_max_iterations >= 1):

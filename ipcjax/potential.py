@@ -3,15 +3,22 @@
 Φ(x) = Σ mᵢ‖xᵢ − yᵢ‖²/(2dt²) + E_membrane + E_bending + E_barrier + E_friction
        + E_support + E_tie                                                  (J)
 
-Every term is a small pure function of a few particles' positions (``ipcjax.energies``),
-lifted to the mesh with ``vmap`` over static index arrays. :func:`incremental_potential`
-is the value (differentiable by autodiff, used by the line search and the implicit VJP);
-:func:`gradient_and_blocks` computes the hand-derived element gradients and the
-positive-semidefinite element Hessians the Newton solve uses over the free degrees of
-freedom (fixed particles are eliminated, which is equivalent to the seed's zeroed
-row/column with a unit diagonal and zero right-hand side). The Hessian stays a stack of
-element blocks: :func:`gradient_and_hessian` scatters them into the dense matrix of the
-Cholesky path, :func:`hessian_matvec` applies them matrix-free for the CG path.
+Every function takes ``(x, problem, contacts)``: the positions, the step's
+:class:`~ipcjax.problem.StepProblem` (model, params, controls, step context, config) and
+the barrier stencils (:class:`ContactSet`). Every term is a small pure function of a few
+particles' positions (``ipcjax.energies``), lifted to the mesh with ``vmap`` over static
+index arrays; the membrane and bending terms come from the model objects ``config`` names
+(:class:`~ipcjax.energies.membrane.MembraneModel`,
+:class:`~ipcjax.energies.bending.BendingModel`). :func:`incremental_potential` is the
+value (differentiable by autodiff, used by the line search and the implicit VJP);
+:func:`gradient_and_blocks` computes the hand-derived element gradients and, by its
+:class:`~ipcjax.energies.PSDProjection`, the exact or the positive-semidefinite element
+Hessians over the free degrees of freedom (fixed particles are eliminated, which is
+equivalent to the specification's zeroed row/column with a unit diagonal and zero
+right-hand side, docs/spec.md §2). The Hessian stays a stack of element blocks
+(:class:`HessianBlocks`): :func:`dense_hessian` scatters them into the dense matrix,
+:func:`hessian_matvec` applies them matrix-free; the linear solvers
+(:mod:`ipcjax.linear_solvers`) take them from there.
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ from ipcjax.energies import constraints as _con
 from ipcjax.energies import friction as _fric
 from ipcjax.energies import inertia as _inert
 from ipcjax.energies import membrane as _memb
-from ipcjax.model import Config, Controls, Model, Params
+from ipcjax.energies import PSDProjection
+from ipcjax.model import Config, Params
+from ipcjax.problem import FrictionSet, StepProblem
 
 
 @jax.tree_util.register_pytree_node_class
@@ -62,25 +71,6 @@ class ContactSet:
         obj.idx, obj.kind, obj.valid = children
         obj.blocks = blocks
         return obj
-
-
-class FrictionSet(NamedTuple):
-    """Frozen (lagged) friction data of the contacts active at step start."""
-
-    idx: jnp.ndarray    # (M, 4) int32
-    w0: jnp.ndarray     # (M, 4) closest-point weights at step start
-    n0: jnp.ndarray     # (M, 3) unit normals at step start
-    load: jnp.ndarray   # (M,) μf·(−B′(g₀)) in N; 0 for inactive rows
-    count: jnp.ndarray  # stencils with a load (also when more than M rows were kept)
-
-
-class StepContext(NamedTuple):
-    """Everything Φ depends on besides x that is fixed during one step's Newton solve."""
-
-    x0: jnp.ndarray        # (N, 3) step-start positions, m (FP64)
-    y: jnp.ndarray         # (N, 3) inertial target, m
-    dt: jnp.ndarray        # s
-    friction: FrictionSet
 
 
 # --------------------------------------------------------------------------- contacts
@@ -125,7 +115,7 @@ def contact_weights(X, contacts: ContactSet):
 
 
 def stencil_offsets(contacts: ContactSet, radius, min_gap):
-    """Offset c subtracted from each stencil's distance (spec §4), in m.
+    """Offset c subtracted from each stencil's distance (docs/spec.md §4), in m.
 
     VT and EE: min_gap; sphere centre–face: R + min_gap/2; sphere pair: Rᵢ + Rⱼ.
     """
@@ -177,7 +167,7 @@ def active_rows(mask, size: int):
     return rows, jnp.arange(size) < count, count
 
 
-def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config,
+def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
                  active: int | None = None) -> FrictionSet:
     """Freeze friction data at step start: contacts with 0 < g₀ < d̂ get load μf·(−B′(g₀)).
 
@@ -222,7 +212,8 @@ def _on_feature_boundary(X, kind, margin):
     return jnp.where(kind == ContactKind.EE, ee, jnp.where(kind == ContactKind.SS, False, pt))
 
 
-def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, margin: float = KINK_MARGIN):
+def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
+                   margin: float = KINK_MARGIN):
     """Number of friction-loaded stencils at x₀ on a closest-feature boundary (see
     :func:`_on_feature_boundary`): there the lagged friction, and so the step's x*, is not
     differentiable in x₀, and a gradient is one of several one-sided ones."""
@@ -247,37 +238,30 @@ def membrane_coefficients(params: Params):
     return _memb.lame_from_young(params.youngs_modulus, params.poisson, params.thickness)
 
 
-def bending_coefficients(model: Model, params: Params, config: Config):
-    """Per-hinge stiffness: kθ = s·6Dℓ²/A (hinge) or κ·w = s·κ·3ℓ²/A (discrete shell)."""
-    if config.bending == "hinge":
-        return params.bending_scale * _bend.hinge_stiffness(
-            params.youngs_modulus, params.poisson, params.thickness, model.hinge_length, model.hinge_area)
-    kappa = params.bending_scale * _bend.discrete_shell_kappa(params.youngs_modulus, params.poisson, params.thickness)
-    return kappa * 3.0 * model.hinge_length**2 / model.hinge_area
+#: vmap axes of a membrane element function (X, Dm_inv, area, μ, λ): μ and λ are shared
+MEMBRANE_AXES = (0, 0, 0, None, None)
 
 
 # --------------------------------------------------------------------------- value
 
-def potential_terms(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
-                    contacts: ContactSet, config: Config) -> dict:
+def potential_terms(x, problem: StepProblem, contacts: ContactSet) -> dict:
     """Each term of Φ at x (J), as a dict; :func:`incremental_potential` sums them."""
+    model, params, controls, ctx, config = problem
     mu, lam = membrane_coefficients(params)
     Xt = x[model.film_triangles]
-    memb_fn = _memb.neo_hookean_energy if config.membrane == "neo_hookean" else _memb.stvk_energy
-    e_memb = jnp.sum(jax.vmap(memb_fn, in_axes=(0, 0, 0, None, None))(Xt, model.dm_inv, model.rest_area, mu, lam))
-    kb = bending_coefficients(model, params, config)
+    memb = _memb.membrane_model(config.membrane)
+    e_memb = jnp.sum(jax.vmap(memb.energy, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam))
+    bend = _bend.bending_model(config.bending)
+    kb = bend.stiffness(params, model)
     Xh = x[model.hinges]
-    if config.bending == "hinge":
-        e_bend = jnp.sum(jax.vmap(_bend.hinge_energy)(Xh, model.theta0, kb))
-    else:
-        e_bend = jnp.sum(jax.vmap(_bend.discrete_shell_energy, in_axes=(0, 0, 0, None))(Xh, model.theta0, kb, 1.0))
+    e_bend = jnp.sum(jax.vmap(bend.energy)(Xh, model.theta0, kb))
     free = ~model.fixed
     e_inert = _inert.inertia_energy(x, ctx.y, model.mass, free, ctx.dt)
     e_bar = jnp.sum(_barrier_terms(x, contacts, model.radius, params, config))
     fs = ctx.friction
     eps = _fric.friction_eps(ctx.dt)
-    e_fric = jnp.sum(jax.vmap(_fric.friction_energy, in_axes=(0, 0, 0, 0, 0, None))(
-        x[fs.idx], ctx.x0[fs.idx], fs.w0, fs.n0, fs.load, eps))
+    e_fric = jnp.sum(jax.vmap(lambda *a: _fric.friction_energy(*a, eps=eps))(
+        x[fs.idx], ctx.x0[fs.idx], fs.w0, fs.n0, fs.load))
     e_sup = jnp.sum(jax.vmap(_con.support_energy)(x[controls.support_index], controls.support_target, controls.support_k))
     ti, tj = controls.tie_pairs[:, 0], controls.tie_pairs[:, 1]
     e_tie = jnp.sum(jax.vmap(_con.tie_energy)(x[ti], x[tj], controls.tie_length, controls.tie_k))
@@ -285,9 +269,9 @@ def potential_terms(x, model: Model, params: Params, controls: Controls, ctx: St
                 friction=e_fric, support=e_sup, tie=e_tie)
 
 
-def incremental_potential(x, model, params, controls, ctx, contacts, config) -> jnp.ndarray:
+def incremental_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.ndarray:
     """Φ(x) in J; +∞ where any gap is ≤ 0 (outside the feasible set)."""
-    return sum(potential_terms(x, model, params, controls, ctx, contacts, config).values())
+    return sum(potential_terms(x, problem, contacts).values())
 
 
 # --------------------------------------------------------------------------- assembly
@@ -322,16 +306,16 @@ def _barrier_stencil_exact_hessian(X, kind, offset, dhat, k):
     return jax.hessian(e)(X).reshape(12, 12)
 
 
-def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
-                        contacts: ContactSet, config: Config, exact: bool = False,
+def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
+                        projection: PSDProjection = PSDProjection.PER_ELEMENT,
                         geometry: StencilGeometry | None = None, active: int | None = None):
     """∇Φ (3F,) over the free DOFs and the Hessian as :class:`HessianBlocks`, FP64.
 
-    Element gradients are the hand-derived ones. With ``exact=False`` (the Newton solve)
-    element Hessians are the projected tangents: Neo-Hookean/StVK with the S₊ geometric
+    Element gradients are the hand-derived ones. With ``projection=PER_ELEMENT`` (the
+    Newton solve) element Hessians are the projected tangents: Neo-Hookean/StVK with the S₊ geometric
     part, hinge kθ∇θ∇θᵀ or the eigenvalue-clamped discrete-shell Hessian, barrier
     max(B″,0) jjᵀ, exact friction, PSD ties, supports kI, inertia m/dt² I. With
-    ``exact=True`` (the implicit VJP) every element Hessian is the exact one — the
+    ``projection=NONE`` (the implicit VJP) every element Hessian is the exact one — the
     barrier's includes B′∇²d from the curvature of the distance — so the blocks sum to
     ∇²Φ itself. Both linear-solve paths start here: the dense one scatters the blocks
     into a matrix (:func:`dense_hessian`), the CG one multiplies with them
@@ -343,6 +327,8 @@ def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx
     ∇Φ and H. ``n_active`` of the result is the larger of that count and the friction
     set's; above ``active`` the blocks miss rows and the caller must not use them.
     """
+    model, params, controls, ctx, config = problem
+    exact = PSDProjection(projection) is PSDProjection.NONE
     F = model.n_free
     g = jnp.zeros(3 * F, x.dtype)
     slot = model.free_slot
@@ -363,26 +349,18 @@ def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx
     # membrane
     mu, lam = membrane_coefficients(params)
     Xt = x[model.film_triangles]
-    if config.membrane == "neo_hookean":
-        gf, hf = _memb.neo_hookean_gradient, (_memb.neo_hookean_hessian if exact else _memb.neo_hookean_hessian_psd)
-    else:
-        gf, hf = _memb.stvk_gradient, (_memb.stvk_hessian if exact else _memb.stvk_hessian_psd)
-    ax = (0, 0, 0, None, None)
-    g_el = jax.vmap(gf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
-    H_el = jax.vmap(hf, in_axes=ax)(Xt, model.dm_inv, model.rest_area, mu, lam)
+    memb = _memb.membrane_model(config.membrane)
+    g_el = jax.vmap(memb.gradient, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam)
+    H_el = jax.vmap(memb.element_hessian(projection), in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area,
+                                                                            mu, lam)
     g = add(g, model.film_triangles, g_el, H_el)
 
     # bending
-    kb = bending_coefficients(model, params, config)
+    bend = _bend.bending_model(config.bending)
+    kb = bend.stiffness(params, model)
     Xh = x[model.hinges]
-    if config.bending == "hinge":
-        g_el = jax.vmap(_bend.hinge_gradient)(Xh, model.theta0, kb)
-        H_el = jax.vmap(_bend.hinge_hessian if exact else _bend.hinge_hessian_gn)(Xh, model.theta0, kb)
-    else:
-        ax = (0, 0, 0, None)
-        g_el = jax.vmap(_bend.discrete_shell_gradient, in_axes=ax)(Xh, model.theta0, kb, 1.0)
-        hf = _bend.discrete_shell_hessian if exact else _bend.discrete_shell_hessian_psd
-        H_el = jax.vmap(hf, in_axes=ax)(Xh, model.theta0, kb, 1.0)
+    g_el = jax.vmap(bend.gradient)(Xh, model.theta0, kb)
+    H_el = jax.vmap(bend.element_hessian(projection))(Xh, model.theta0, kb)
     g = add(g, model.hinges, g_el.reshape(-1, 4, 3), H_el)
 
     # barrier
@@ -402,7 +380,8 @@ def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx
         H_el = jax.vmap(_barrier_stencil_exact_hessian, in_axes=(0, 0, 0, None, None))(
             X, kind, off, config.dhat, kk)
     else:
-        H_el = jax.vmap(_bar.stencil_barrier_hessian, in_axes=(0, 0, 0, None, None))(X, w, off, config.dhat, kk)
+        H_el = jax.vmap(_bar.stencil_barrier_hessian_psd, in_axes=(0, 0, 0, None, None))(
+            X, w, off, config.dhat, kk)
     g_el = jnp.where(valid[:, None, None], g_el, 0.0)
     H_el = jnp.where(valid[:, None, None], H_el, 0.0)
     g = add(g, idx, g_el, H_el)
@@ -410,10 +389,9 @@ def gradient_and_blocks(x, model: Model, params: Params, controls: Controls, ctx
     # friction
     fs = ctx.friction
     eps = _fric.friction_eps(ctx.dt)
-    ax = (0, 0, 0, 0, 0, None)
     X, X0 = x[fs.idx], ctx.x0[fs.idx]
-    g_el = jax.vmap(_fric.friction_gradient, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
-    H_el = jax.vmap(_fric.friction_hessian, in_axes=ax)(X, X0, fs.w0, fs.n0, fs.load, eps)
+    g_el = jax.vmap(lambda *a: _fric.friction_gradient(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
+    H_el = jax.vmap(lambda *a: _fric.friction_hessian(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
     g = add(g, fs.idx, g_el, H_el)
 
     # supports
@@ -474,12 +452,12 @@ def hessian_block_diagonal(hb: HessianBlocks):
     return P
 
 
-def gradient_and_hessian(x, model: Model, params: Params, controls: Controls, ctx: StepContext,
-                         contacts: ContactSet, config: Config, exact: bool = False):
+def gradient_and_hessian(x, problem: StepProblem, contacts: ContactSet, *,
+                         projection: PSDProjection = PSDProjection.PER_ELEMENT):
     """Assemble ∇Φ (3F,) and the dense Hessian (3F, 3F) over the free DOFs, FP64.
 
     The element blocks of :func:`gradient_and_blocks` (see there for which Hessians)
     scattered into one matrix by :func:`dense_hessian`.
     """
-    g, hb = gradient_and_blocks(x, model, params, controls, ctx, contacts, config, exact)
+    g, hb = gradient_and_blocks(x, problem, contacts, projection=projection)
     return g, dense_hessian(hb)

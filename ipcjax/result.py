@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+import jax.numpy as jnp
+
 
 class StepCode(enum.IntFlag):
     """Bit flags describing why a step's output was discarded (0 = success)."""
@@ -28,3 +30,10 @@ class StepCode(enum.IntFlag):
 #: Failures that a smaller timestep can cure: the host driver retries with two half-steps.
 RETRYABLE = (StepCode.LINE_SEARCH_EXHAUSTED | StepCode.ITERATION_CAP
              | StepCode.GAP_LOST_IN_ROUNDING | StepCode.ZERO_STEP_BOUND)
+
+
+def set_code(code, flag: StepCode, *, where=None, unless=None):
+    """``code`` (int32) with the bit ``flag`` set where ``where`` holds, or where ``unless``
+    does not (give one of the two; traceable)."""
+    bit = jnp.where(where, int(flag), 0) if unless is None else jnp.where(unless, 0, int(flag))
+    return code | bit.astype(jnp.int32)

@@ -2,7 +2,10 @@
 
 :func:`step` is the jittable core: ``step(model, params, state, controls, dt, config=…,
 capacity=…) -> (state, StepInfo)``. It never raises; a failed step returns the input
-state and a non-zero ``info.code`` (:class:`~ipcjax.result.StepCode`).
+state and a non-zero ``info.code`` (:class:`~ipcjax.result.StepCode`). Inside it,
+:func:`solve_positions` queries the step-start contacts, builds the step's
+:class:`~ipcjax.problem.StepProblem` from its inputs (:func:`step_problem`: inertial
+target, lagged friction) and runs the Newton solve (:mod:`ipcjax.newton`).
 
 :func:`advance` is the host-level driver: it validates the input, reallocates candidate
 buffers above the real counts on overflow and redoes the step, and on a retryable failure
@@ -23,8 +26,9 @@ from ipcjax import candidates as _cand
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, newton_solve, query_contacts
-from ipcjax.potential import StepContext, contact_gaps, friction_set
-from ipcjax.result import RETRYABLE, StepCode
+from ipcjax.potential import contact_gaps, friction_set
+from ipcjax.problem import StepContext, StepInputs, StepProblem
+from ipcjax.result import RETRYABLE, StepCode, set_code
 
 
 class StepInfo(NamedTuple):
@@ -43,29 +47,36 @@ class StepInfo(NamedTuple):
     n_active: jnp.ndarray         # active contact rows the Hessian needed (Capacity.active)
 
 
-def step_context(model: Model, params: Params, x0, v0, controls: Controls, dt, contacts0, config: Config,
-                 active: int | None = None):
-    """Inertial target (with the film drag −drag·m·v₀ as an external force) and the lagged
-    friction set frozen at x₀ over the given step-start contacts (compacted into
-    ``active`` rows when that is given, see :func:`ipcjax.potential.friction_set`)."""
+def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
+                 active: int | None = None) -> StepProblem:
+    """The :class:`~ipcjax.problem.StepProblem` of a step from its inputs θ.
+
+    Its context holds the inertial target (with the film drag −drag·m·v₀ as an external
+    force) and the lagged friction set frozen at x₀ over the step-start contacts
+    ``contacts0`` (compacted into ``active`` rows when that is given, see
+    :func:`ipcjax.potential.friction_set`).
+    """
+    params, x0, v0, controls, dt = inputs
     free = ~model.fixed
     force = controls.force - (params.drag * model.mass)[:, None] * v0 * model.film[:, None]
-    y = inertial_target(x0, v0, model.mass, free, params.gravity, force, dt)
-    return StepContext(x0=x0, y=y, dt=dt,
-                       friction=friction_set(x0, contacts0, model.radius, params, config, active))
+    y = inertial_target(x0, v0, dt, mass=model.mass, free=free, gravity=params.gravity, force=force)
+    ctx = StepContext(x0=x0, y=y, dt=dt,
+                      friction=friction_set(x0, contacts0, model.radius, params, config, active=active))
+    return StepProblem(model=model, params=params, controls=controls, context=ctx, config=config)
 
 
-def solve_positions(model: Model, params: Params, x0, v0, controls: Controls, dt, config: Config, capacity):
-    """The unrounded minimiser x* (FP64) of one step's Φ from x₀.
+def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
+    """The unrounded minimiser x* (FP64) of one step's Φ from x₀ = ``inputs.x0``.
 
     Returns (x*, contacts at x*, step-start contacts, SolveInfo, initial_overlap flag).
     Used by :func:`step` and by the implicit VJP (:mod:`ipcjax.implicit`).
     """
-    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity, config.skin)
+    x0 = inputs.x0
+    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity, skin=config.skin)
     g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
     overlap = jnp.min(g0, initial=jnp.inf) <= 0
-    ctx = step_context(model, params, x0, v0, controls, dt, contacts0, config, active_size(capacity))
-    x, cs, sinfo = newton_solve(x0, model, params, controls, ctx, contacts0, stats0, config, capacity)
+    problem = step_problem(model, config, inputs, contacts0, active=active_size(capacity))
+    x, cs, sinfo = newton_solve(x0, problem, contacts0, stats0, capacity=capacity)
     return x, cs, contacts0, sinfo, overlap
 
 
@@ -79,10 +90,9 @@ def recheck_rounded(model: Model, x32, config: Config, capacity):
 
 def result_code(sinfo, overlap, min_gap, stats):
     """Combine the solve's code with the overlap, rounding and overflow checks."""
-    code = sinfo.code
-    code = code | jnp.where(overlap, int(StepCode.INITIAL_OVERLAP), 0).astype(jnp.int32)
-    code = code | jnp.where(min_gap <= 0, int(StepCode.GAP_LOST_IN_ROUNDING), 0).astype(jnp.int32)
-    return code | jnp.where(stats.overflow, int(StepCode.CAPACITY_OVERFLOW), 0).astype(jnp.int32)
+    code = set_code(sinfo.code, StepCode.INITIAL_OVERLAP, where=overlap)
+    code = set_code(code, StepCode.GAP_LOST_IN_ROUNDING, where=min_gap <= 0)
+    return set_code(code, StepCode.CAPACITY_OVERFLOW, where=stats.overflow)
 
 
 @partial(jax.jit, static_argnames=("capacity",))
@@ -91,7 +101,7 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
     x0 = state.x.astype(jnp.float64)
     v0 = state.v.astype(jnp.float64)
     dt = jnp.asarray(dt, jnp.float64)
-    x, cs, _, sinfo, overlap = solve_positions(model, params, x0, v0, controls, dt, config, capacity)
+    x, cs, _, sinfo, overlap = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
     # storage precision, then the gap recheck on exactly what will be stored
     x32 = x.astype(jnp.float32)
     min_gap, st_r = recheck_rounded(model, x32, config, capacity)
@@ -261,7 +271,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
             code = int(info.code)
             if code & StepCode.CAPACITY_OVERFLOW:
                 capacity = _cand.grow_capacity(capacity, int(info.n_vt), int(info.n_ee), int(info.n_sf),
-                                               np.asarray(info.work), int(info.n_active))
+                                               np.asarray(info.work), n_active=int(info.n_active))
                 acc["realloc"] += 1
                 continue
             break

@@ -25,6 +25,20 @@ class HingeTopology(NamedTuple):
     nonmanifold: np.ndarray
 
 
+def rest_positions(X_ref: np.ndarray, elements: np.ndarray, name: str) -> np.ndarray:
+    """(E, k, 3) rest positions (m) of elements (E, k), checked finite.
+
+    Raises:
+        ValueError: naming the first ``name`` (e.g. "triangle") with a non-finite coordinate.
+    """
+    P = X_ref[elements]
+    finite = np.isfinite(P).all(axis=(1, 2))
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise ValueError(f"{name} {bad} {elements[bad].tolist()} has non-finite rest positions: {P[bad].tolist()}")
+    return P
+
+
 def as_triangles(triangles, n_vertices: int | None = None) -> np.ndarray:
     """Validate triangle connectivity and return it as a C-contiguous (T, 3) int32 array.
 

@@ -109,14 +109,14 @@ def assert_matches_brute_force(cands, x0, x1, topo):
 @pytest.mark.parametrize("seed", range(4))
 def test_soup_equals_brute_force(seed):
     x0, x1, topo = soup_scene(seed)
-    ref = assert_matches_brute_force(find_candidates(x0, x1, topo, DHAT, MIN_GAP, BIG), x0, x1, topo)
+    ref = assert_matches_brute_force(find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG), x0, x1, topo)
     assert ref.n_vt > 0 and ref.n_ee > 0 and ref.n_sf > 0
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_crumpled_grid_equals_brute_force(seed):
     x0, x1, topo = crumpled_scene(seed)
-    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     ref = assert_matches_brute_force(cands, x0, x1, topo)
     assert ref.n_vt > 100 and ref.n_ee > 100 and ref.n_sf > 0
     # the big obstacle triangles (last two) take part
@@ -126,7 +126,7 @@ def test_crumpled_grid_equals_brute_force(seed):
 def test_float32_positions_equal_brute_force():
     x0, x1, topo = crumpled_scene(7)
     x0, x1 = x0.astype(np.float32), x1.astype(np.float32)
-    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     assert_matches_brute_force(cands, x0, x1, topo)
 
 
@@ -137,7 +137,7 @@ def test_soup_property(seed, dhat, move, offset):
     """Any scale of dhat and motion, far from the origin (larger FP32 padding): exact."""
     x0, x1, topo = soup_scene(seed, move=move)
     x0, x1 = x0 + offset, x1 + offset
-    c = find_candidates(x0, x1, topo, dhat, MIN_GAP, BIG)
+    c = find_candidates(x0, x1, topo, dhat, MIN_GAP, capacity=BIG)
     ref = brute_force_candidates(x0, x1, topo, dhat, MIN_GAP)
     assert not bool(c.overflow)
     for k in KINDS:
@@ -150,9 +150,9 @@ def test_soup_property(seed, dhat, move, offset):
 def test_overflow_reports_true_counts_and_host_reallocates():
     x0, x1, topo = crumpled_scene(1)
     ref = brute_force_candidates(x0, x1, topo, DHAT, MIN_GAP)
-    ample = find_candidates(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    ample = find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     # tiny output buffers, ample intermediate buffers: true counts, flag set, rows kept
-    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, BIG._replace(vt=5, ee=5, sf=1))
+    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG._replace(vt=5, ee=5, sf=1))
     assert bool(c.overflow)
     assert (int(c.n_vt), int(c.n_ee), int(c.n_sf)) == (ref.n_vt, ref.n_ee, ref.n_sf)
     assert c.vt.shape == (5, 2) and np.all(np.asarray(c.vt) >= 0)
@@ -160,11 +160,11 @@ def test_overflow_reports_true_counts_and_host_reallocates():
     # exact even so (the tests need is then a lower bound)
     t = GridCapacity(1, 1, 1)
     tiny = Capacity(1, 1, 1, t, t)
-    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, tiny)
+    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=tiny)
     assert bool(c.overflow)
     np.testing.assert_array_equal(np.asarray(c.work)[:, :2], np.asarray(ample.work)[:, :2])
     # the host helper grows all of them and then equals the brute force
-    cands, cap = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, tiny)
+    cands, cap = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=tiny)
     assert_matches_brute_force(cands, x0, x1, topo)
     assert cap.vt >= ref.n_vt and cap.ee >= ref.n_ee and cap.sf >= ref.n_sf
     assert np.all(np.asarray(cands.work) <= np.asarray([cap.face_grid, cap.edge_grid]))
@@ -173,10 +173,10 @@ def test_overflow_reports_true_counts_and_host_reallocates():
 def test_short_tests_buffer_is_flagged():
     """Complete grid tables but too few test slots: flagged, never silently short."""
     x0, x1, topo = crumpled_scene(2)
-    ample = np.asarray(find_candidates(x0, x1, topo, DHAT, MIN_GAP, BIG).work)
+    ample = np.asarray(find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG).work)
     short = BIG._replace(face_grid=BIG.face_grid._replace(tests=50),
                          edge_grid=BIG.edge_grid._replace(tests=50))
-    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, short)
+    c = find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=short)
     assert bool(c.overflow)
     np.testing.assert_array_equal(np.asarray(c.work), ample)
 
@@ -186,10 +186,10 @@ def test_exploded_positions_raise():
     x1 = x1.copy()
     x1[0] = [1e3, 1e3, 1e3]  # one film vertex flies 1 km: walls would cover ~10^12 cells
     with pytest.raises(ValueError, match="grid cells"):
-        find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+        find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     x1[0] = np.nan
     with pytest.raises(ValueError, match="finite"):
-        find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+        find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
 
 
 # --------------------------------------------------------------------------- exclusions
@@ -197,7 +197,7 @@ def test_exploded_positions_raise():
 
 def test_exclusions():
     x0, x1, topo = soup_scene(11)
-    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     tri, edges, fixed = topo.triangles, topo.edges, topo.fixed
     vt, ee, sf = rows(cands, "vt"), rows(cands, "ee"), rows(cands, "sf")
     assert len(vt) and len(ee) and len(sf)
@@ -232,7 +232,7 @@ def test_sphere_pairs_and_stencils():
     fixed = topo.fixed.copy()
     fixed[topo.spheres[:2]] = True  # two fixed spheres: their pair is skipped
     topo = topo._replace(fixed=fixed)
-    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     s = topo.spheres
     assert cands.ss.shape == (6, 2)
     ss = np.asarray(cands.ss)
@@ -302,7 +302,7 @@ def test_pair_at_exactly_the_query_width_is_found(offset):
 
 def test_second_call_does_not_recompile_and_is_deterministic():
     x0, x1, topo = crumpled_scene(4)
-    first, cap = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    first, cap = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     assert cap == BIG
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -311,8 +311,8 @@ def test_second_call_does_not_recompile_and_is_deterministic():
     try:
         with jax.log_compiles():
             # new positions, new dhat: same shapes and capacity, so no new compilation
-            second = find_candidates(x0, x1, topo, DHAT, MIN_GAP, BIG)
-            third = find_candidates(x0 + 1e-4, x1 - 1e-4, topo, 0.9 * DHAT, MIN_GAP, BIG)
+            second = find_candidates(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
+            third = find_candidates(x0 + 1e-4, x1 - 1e-4, topo, 0.9 * DHAT, MIN_GAP, capacity=BIG)
     finally:
         logger.removeHandler(handler)
     assert "Compiling" not in stream.getvalue(), stream.getvalue()
@@ -323,7 +323,7 @@ def test_second_call_does_not_recompile_and_is_deterministic():
 
 def test_scenes_without_spheres_or_without_triangles():
     x0, x1, topo = soup_scene(5, n_spheres=0)
-    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, BIG)
+    cands, _ = find_candidates_host(x0, x1, topo, DHAT, MIN_GAP, capacity=BIG)
     assert cands.ss.shape == (0, 2) and int(cands.n_sf) == 0
     assert_matches_brute_force(cands, x0, x1, topo)
     # spheres only: no grid search at all, every sphere pair

@@ -6,10 +6,14 @@ import pytest
 
 from ipcjax import candidates as C
 from ipcjax.implicit import make_rollout, make_solve, stack_controls
+from ipcjax.energies import PSDProjection
+from ipcjax.implicit import solve_at
+from ipcjax.linear_solvers import DenseCholesky
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import query_contacts
-from ipcjax.potential import gradient_and_hessian
-from ipcjax.step import step_context
+from ipcjax.potential import gradient_and_blocks, gradient_and_hessian
+from ipcjax.problem import StepInputs
+from ipcjax.step import step_problem
 from scenes.film import drape_scene, hanging_scene, vertex_triangle_scene
 from tests.helpers import assert_nonzero, rel_err
 
@@ -36,10 +40,10 @@ def test_implicit_gradient_equals_unrolled_newton_without_contact():
 
     def unrolled_loss(p, x0, v0):
         cs0, _ = query_contacts(x0, x0, m, CFG, cap)
-        ctx = step_context(m, p, x0, v0, ctl, DT, cs0, CFG)
+        problem = step_problem(m, CFG, StepInputs(p, x0, v0, ctl, DT), cs0)
 
         def newton(_, x):  # plain Newton with the exact Hessian, differentiated through
-            g, H = gradient_and_hessian(x, m, p, ctl, ctx, cs0, CFG, exact=True)
+            g, H = gradient_and_hessian(x, problem, cs0, projection=PSDProjection.NONE)
             return x.at[m.free_particles].add(jnp.linalg.solve(H, -g).reshape(-1, 3))
 
         return jnp.sum(W * jax.lax.fori_loop(0, 30, newton, x0))
@@ -111,10 +115,6 @@ def test_backward_solve_with_too_few_active_rows_uses_every_row():
     """The implicit VJP's H u = rhs over the compacted active rows equals the solve over
     every candidate row, and when x has more active stencils than rows it falls back to
     every row instead of leaving contacts out."""
-    from ipcjax.implicit import solve_at
-    from ipcjax.newton import query_contacts
-    from ipcjax.step import step_context
-
     m, x0, v0 = _contact_case("film on sphere")
     # perturbed off the symmetric start, where the sphere's closest point lies exactly on
     # a shared film edge (a branch boundary of the exact Hessian, which rounding then picks)
@@ -123,20 +123,20 @@ def test_backward_solve_with_too_few_active_rows_uses_every_row():
     x0[:n_film] += np.random.default_rng(6).normal(size=(n_film, 3)) * 2e-5
     x0, v0 = jnp.asarray(x0), jnp.asarray(v0)
     cap = C.initial_capacity(m.topology)
-    cs, _ = query_contacts(x0, x0, m, CFG, cap, CFG.skin)
+    cs, _ = query_contacts(x0, x0, m, CFG, cap, skin=CFG.skin)
     p = Params.film_defaults()
     ctl = Controls.empty(m.n_particles)
-    ctx = step_context(m, p, x0, v0, ctl, jnp.asarray(DT), cs, CFG)
+    problem = step_problem(m, CFG, StepInputs(p, x0, v0, ctl, jnp.asarray(DT)), cs)
     rhs = jnp.asarray(np.random.default_rng(5).normal(size=3 * m.n_free))
-    run = jax.jit(lambda active: solve_at(x0, m, p, ctl, ctx, cs, CFG, rhs, "exact", active), static_argnums=0)
-    from ipcjax.potential import gradient_and_blocks
-    n_active = int(gradient_and_blocks(x0, m, p, ctl, ctx, cs, CFG, active=cap.active)[1].n_active)
+    run = jax.jit(lambda active: solve_at(x0, problem, cs, rhs, projection="exact", active=active), static_argnums=0)
+    n_active = int(gradient_and_blocks(x0, problem, cs, active=cap.active)[1].n_active)
     assert 1 < n_active < cs.idx.shape[0]
     full = np.asarray(run(None))
     assert np.abs(full).max() > 0
     np.testing.assert_allclose(np.asarray(run(cap.active)), full, rtol=1e-12, atol=0)
     # one row for several active stencils: the compacted solve would miss contacts
-    compact_only = jax.jit(lambda: gradient_and_blocks(x0, m, p, ctl, ctx, cs, CFG, True, active=1))()[1]
-    from ipcjax.implicit import hessian_solve
-    assert np.max(np.abs(np.asarray(hessian_solve(compact_only, rhs, CFG)) - full)) > 1e-6 * np.abs(full).max()
+    compact_only = jax.jit(lambda: gradient_and_blocks(x0, problem, cs, projection="exact", active=1))()[1]
+    dense = DenseCholesky()
+    missing = np.asarray(dense.solve(dense.init(compact_only), rhs, "exact"))
+    assert np.max(np.abs(missing - full)) > 1e-6 * np.abs(full).max()
     np.testing.assert_allclose(np.asarray(run(1)), full, rtol=1e-12, atol=0)

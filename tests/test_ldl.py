@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from ipcjax import candidates as C
-from ipcjax.implicit import hessian_solve, make_rollout, stack_controls
-from ipcjax.ldl import sparse_direction, sparse_solve, upper_triangle
+from ipcjax.implicit import make_rollout, stack_controls
+from ipcjax.ldl import sparse_solve, upper_triangle
+from ipcjax.linear_solvers import DenseCholesky, SparseLDL
 from ipcjax.model import Config, Controls, Params
-from ipcjax.newton import newton_direction
 from ipcjax.potential import dense_hessian
 from ipcjax.result import StepCode
 from ipcjax.step import make_state, step
@@ -19,6 +19,11 @@ from tests.test_sparse import drape_runs
 
 DT = 1.0 / 240.0
 SPARSE = Config(linear_solver="sparse")
+
+
+def sparse_direction(g, hb):
+    dx, ok, _ = SparseLDL().direction(g, hb)
+    return dx, ok
 
 
 def test_upper_triangle_is_the_dense_matrix(contact_system):
@@ -37,7 +42,7 @@ def test_upper_triangle_is_the_dense_matrix(contact_system):
 
 def test_sparse_direction_matches_the_cholesky_direction(contact_system):
     g, hb = contact_system(False)
-    dense, ok_dense = newton_direction(g, dense_hessian(hb))
+    dense, ok_dense, _ = DenseCholesky().direction(g, dense_hessian(hb))
     sparse, ok_sparse = jax.jit(sparse_direction)(g, hb)
     assert bool(ok_dense) and bool(ok_sparse)
     assert_nonzero(sparse)
@@ -58,10 +63,12 @@ def test_sparse_solve_tells_indefinite_from_singular(contact_system):
     assert bool(ok)
     assert rel_err(u, np.linalg.solve(H, np.asarray(rhs))) < 1e-8
     # the implicit VJP's solve on the sparse path, both Hessians, against the dense path
-    solve_h = jax.jit(hessian_solve, static_argnums=(2, 3))
-    assert rel_err(solve_h(hb, rhs, SPARSE, "exact"), solve_h(hb, rhs, Config(), "exact")) < 1e-8
+    sparse, dense = SparseLDL(), DenseCholesky()
+    solve_sp = jax.jit(sparse.solve, static_argnums=2)
+    solve_d = jax.jit(lambda hb, rhs, projection: dense.solve(dense.init(hb), rhs, projection), static_argnums=2)
+    assert rel_err(solve_sp(hb, rhs, "exact"), solve_d(hb, rhs, "exact")) < 1e-8
     _, hb_p = contact_system(False)
-    assert rel_err(solve_h(hb_p, rhs, SPARSE, "projected"), solve_h(hb_p, rhs, Config(), "projected")) < 1e-10
+    assert rel_err(solve_sp(hb_p, rhs, "projected"), solve_d(hb_p, rhs, "projected")) < 1e-10
     # a singular matrix (a zero row and column) is a failure even without the PD requirement
     F3 = H.shape[0]
     hb_sing = hb._replace(diag=hb.diag.at[0].set(0.0),

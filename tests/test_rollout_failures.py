@@ -12,6 +12,7 @@ from ipcjax import candidates as C
 from ipcjax.implicit import BackwardFailed, RolloutFailed, _check_backward, _check_codes, make_rollout, \
     rollout_failure, stack_controls
 from ipcjax.model import Config, Controls, Params
+from ipcjax.newton import CandidateStats
 from ipcjax.result import StepCode
 from scenes.film import drape_scene
 
@@ -74,16 +75,16 @@ def test_host_check_names_the_first_failed_step_and_its_reason():
     codes[4] = int(StepCode.NON_FINITE)
     z = np.zeros(T, np.int32)
     with pytest.raises(RolloutFailed, match="rollout step 3 failed: iteration cap$") as e:
-        _check_codes(codes, z, z, z, np.zeros((T, 2, 3)), z)
+        _check_codes(codes, CandidateStats(z, z, z, z, np.zeros((T, 2, 3)), z))
     assert e.value.reason == "iteration cap" and e.value.code == StepCode.ITERATION_CAP
     # a batch (vmap) of rollouts: the first failing member's first failed step
     batch = np.zeros((3, T), np.int32)
     batch[1, 2] = int(StepCode.CAPACITY_OVERFLOW)
     counts = np.arange(3 * T).reshape(3, T)
     with pytest.raises(RolloutFailed, match=r"rollout step 2 failed: capacity overflow \(.*sf 7,") as e:
-        _check_codes(batch, counts, counts, counts, np.zeros((3, T, 2, 3)), counts)
+        _check_codes(batch, CandidateStats(counts, counts, counts, counts, np.zeros((3, T, 2, 3)), counts))
     assert e.value.needs[:3] == (7, 7, 7)
-    _check_codes(np.zeros(T, np.int32), z, z, z, np.zeros((T, 2, 3)), z)  # all ok: silent
+    _check_codes(np.zeros(T, np.int32), CandidateStats(z, z, z, z, np.zeros((T, 2, 3)), z))  # all ok: silent
     with pytest.raises(BackwardFailed, match="gradient would be NaN"):
         _check_backward(np.asarray(False))
 

@@ -6,13 +6,14 @@ import pytest
 
 from ipcjax import candidates as C
 from ipcjax.audit import audit_trajectory
-from ipcjax.implicit import hessian_solve
+from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, linear_solver
 from ipcjax.model import Config, Controls, Params
-from ipcjax.newton import cg_direction, newton_direction, query_contacts
+from ipcjax.newton import query_contacts
 from ipcjax.potential import (
-    ContactSet, StepContext, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
+    ContactSet, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
     hessian_block_diagonal, hessian_matvec, incremental_potential,
 )
+from ipcjax.problem import StepContext, StepProblem
 from ipcjax.result import StepCode
 from ipcjax.step import advance, make_state, simulate, step
 from scenes.film import drape_scene
@@ -41,7 +42,9 @@ def contact_system():
     ctl = Controls.empty(m.n_particles)._replace(
         support_index=jnp.array([0, n - 1], jnp.int32), support_k=jnp.array([5.0, 5.0]),
         support_target=x[jnp.array([0, n - 1])] + 1e-4)
-    blocks = jax.jit(lambda exact: gradient_and_blocks(x, m, p, ctl, ctx, cs, CG, exact), static_argnums=0)
+    problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=CG)
+    blocks = jax.jit(lambda exact: gradient_and_blocks(x, problem, cs, projection="exact" if exact else "projected"),
+                     static_argnums=0)
     return blocks
 
 
@@ -60,8 +63,8 @@ def test_block_matvec_equals_dense_hessian(contact_system, exact):
 
 def test_cg_direction_matches_the_cholesky_direction(contact_system):
     g, hb = contact_system(False)
-    dense, ok_dense = newton_direction(g, dense_hessian(hb))
-    cg, ok_cg, info = jax.jit(cg_direction)(g, hb, CG)
+    dense, ok_dense, _ = DenseCholesky().direction(g, dense_hessian(hb))
+    cg, ok_cg, info = jax.jit(linear_solver(CG).direction)(g, hb)
     assert bool(ok_dense) and bool(ok_cg)
     assert 0 < int(info.iterations) < CG.cg_max_iterations and float(info.residual) <= CG.cg_tolerance
     assert rel_err(cg, dense) < 1e-6
@@ -69,23 +72,24 @@ def test_cg_direction_matches_the_cholesky_direction(contact_system):
 
 def test_cg_that_misses_its_tolerance_fails_like_a_factorization(contact_system):
     g, hb = contact_system(False)
-    dx, ok, info = cg_direction(g, hb, Config(linear_solver="cg", cg_max_iterations=2))
+    dx, ok, info = linear_solver(Config(linear_solver="cg", cg_max_iterations=2)).direction(g, hb)
     assert not bool(ok) and int(info.iterations) == 2 and not np.any(np.asarray(dx))
     g_nan = g.at[0].set(jnp.nan)
-    assert not bool(cg_direction(g_nan, hb, CG)[1])
+    assert not bool(linear_solver(CG).direction(g_nan, hb)[1])
 
 
 def test_implicit_vjp_solve_by_cg_matches_dense(contact_system):
     """The implicit VJP's H u = rhs on the CG path (never forming H) against the dense solve."""
-    cg_cfg = Config(linear_solver="cg", cg_tolerance=1e-12)
-    solve = jax.jit(hessian_solve, static_argnums=3)
+    cg = BlockJacobiCG(tolerance=1e-12, max_iterations=Config().cg_max_iterations)
+    solve = jax.jit(cg.solve, static_argnums=2)
+    dense = DenseCholesky()
     rhs = jnp.asarray(np.random.default_rng(3).normal(size=(3 * 81,)))
     _, hb = contact_system(False)
-    assert rel_err(solve(hb, rhs, cg_cfg, "projected"), hessian_solve(hb, rhs, Config(), "projected")) < 1e-8
+    assert rel_err(solve(hb, rhs, "projected"), dense.solve(dense.init(hb), rhs, "projected")) < 1e-8
     # away from a minimiser the exact Hessian is indefinite: CG reports it with NaN, not a wrong u
     _, hb = contact_system(True)
     assert np.linalg.eigvalsh(np.asarray(dense_hessian(hb))).min() < 0
-    assert np.all(np.isnan(np.asarray(solve(hb, rhs, cg_cfg, "exact"))))
+    assert np.all(np.isnan(np.asarray(solve(hb, rhs, "exact"))))
 
 
 def drape_runs(configs, steps=12):
@@ -152,8 +156,10 @@ def test_compacted_assembly_equals_the_full_one(active_system, exact):
     out = {}
     for name, fs, active in (("full", fs_full, None), ("compact", fs_comp, K)):
         ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT), friction=fs)
-        g, hb = jax.jit(lambda x: gradient_and_blocks(x, m, p, ctl, ctx, cs, Config(), exact, active=active))(x)
-        phi = incremental_potential(x, m, p, ctl, ctx, cs, Config())
+        problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=Config())
+        projection = "exact" if exact else "projected"
+        g, hb = jax.jit(lambda x: gradient_and_blocks(x, problem, cs, projection=projection, active=active))(x)
+        phi = incremental_potential(x, problem, cs)
         out[name] = (np.asarray(g), np.asarray(dense_hessian(hb)), float(phi), int(hb.n_active))
     (g_f, H_f, phi_f, _), (g_c, H_c, phi_c, n_act) = out["full"], out["compact"]
     print(f"{M} candidate rows, {n_act} active, {n_fric} with friction")

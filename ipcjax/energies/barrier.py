@@ -1,4 +1,4 @@
-"""Distance-based log barrier (spec §4), on the unsquared gap g = d − c in metres.
+"""Distance-based log barrier (docs/spec.md §4), on the unsquared gap g = d − c in metres.
 
 B(g)   = −k a² log(g/d̂),                  a = g − d̂,   0 < g < d̂
 B′(g)  = −k [2a log(g/d̂) + a²/g]
@@ -71,7 +71,7 @@ def stencil_barrier_gradient(X, w, offset, dhat, k):
     return barrier_first_derivative(d - offset, dhat, k) * w[:, None] * n[None, :]
 
 
-def stencil_barrier_hessian(X, w, offset, dhat, k):
+def stencil_barrier_hessian_psd(X, w, offset, dhat, k):
     """Solver Hessian (12, 12) = max(B″, 0) (w wᵀ) ⊗ (n nᵀ): positive normal curvature only."""
     d, n = stencil_distance(X, w)
     b2 = jnp.maximum(barrier_second_derivative(d - offset, dhat, k), 0.0)

@@ -1,4 +1,5 @@
-"""Bending energies on interior hinges: the spec's wrapped hinge and Discrete Shells (seed 002).
+"""Bending energies on interior hinges: the specification's wrapped hinge
+(docs/spec.md §3) and Discrete Shells (docs/spec.md §7).
 
 A hinge is four vertices in Newton's ``edge_indices`` order (a, b, c, d): a and b are the
 vertices opposite the shared edge, c -> d is the edge as it appears in the first
@@ -22,11 +23,16 @@ their Jacobians" (GMOD 2013) for the Hessian; Grinspun et al., "Discrete Shells"
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipcjax.energies import ElementModel, model_named
 from ipcjax.energies.membrane import project_psd
+from ipcjax.topology import rest_positions
 
 
 def _skew(v):
@@ -147,7 +153,7 @@ def wrap_angle(x):
 
 
 # ---------------------------------------------------------------------------------------
-# Spec hinge energy: (1/2) k_theta wrap(theta - theta0)^2
+# The specification's hinge energy (docs/spec.md §3): (1/2) k_theta wrap(theta - theta0)^2
 # ---------------------------------------------------------------------------------------
 def hinge_energy(Xh, theta0, k_theta):
     """Interior hinge energy (J): E = (1/2) k_theta wrap(theta - theta0)^2.
@@ -176,7 +182,7 @@ def hinge_hessian(Xh, theta0, k_theta):
     return k_theta * (jnp.outer(g, g) + d * dihedral_angle_hessian(Xh))
 
 
-def hinge_hessian_gn(Xh, theta0, k_theta):
+def hinge_hessian_psd(Xh, theta0, k_theta):
     """Gauss-Newton hinge Hessian (12, 12) used by the solver (N/m): k_theta g g^T (PSD, rank 1)."""
     g = dihedral_angle_gradient(Xh).reshape(12)
     return k_theta * jnp.outer(g, g)
@@ -188,7 +194,7 @@ def flexural_rigidity(E, nu, h):
 
 
 def hinge_stiffness(E, nu, h, edge_len, area_pair):
-    """Spec hinge stiffness k_theta = 6 D l^2 / A (N m), D = E h^3/(12 (1 - nu^2)).
+    """The specification's hinge stiffness (docs/spec.md §3) k_theta = 6 D l^2 / A (N m), D = E h^3/(12 (1 - nu^2)).
 
     Newton's builder receives edge_ke = 6 D l / A and the energy coefficient is
     k_theta = edge_ke l. l = rest shared-edge length (m), A = combined rest area of the
@@ -200,7 +206,7 @@ def hinge_stiffness(E, nu, h, edge_len, area_pair):
 
 
 # ---------------------------------------------------------------------------------------
-# Discrete Shells (seed 002): kappa w (theta - theta_bar)^2, no wrap
+# Discrete Shells (docs/spec.md §7): kappa w (theta - theta_bar)^2, no wrap
 # ---------------------------------------------------------------------------------------
 def discrete_shell_weight(edge_len, area_pair):
     """Discrete Shells geometric weight w = 3 L0^2 / (A1 + A2) (dimensionless); L0 in m, A in m^2."""
@@ -216,8 +222,9 @@ def discrete_shell_energy(Xh, theta0, kappa, weight):
     """Discrete Shells hinge energy (J): E = kappa w (theta - theta_bar)^2, NOT wrapped.
 
     Args:
-        Xh: (4, 3) rows (a, b, c, d) (m). Seed 002's (x0, x1, x2, x3) is our (a, c, d, b),
-            i.e. x_seed = Xh[[0, 2, 3, 1]]; its arccos-and-sign angle equals ``dihedral_angle``.
+        Xh: (4, 3) rows (a, b, c, d) (m). The Discrete Shells reference's (x0, x1, x2, x3)
+            (docs/spec.md §7) is our (a, c, d, b), i.e. x_ref = Xh[[0, 2, 3, 1]]; its
+            arccos-and-sign angle equals ``dihedral_angle``.
         theta0: rest angle theta_bar (rad). kappa: ``discrete_shell_kappa`` (N m).
         weight: ``discrete_shell_weight`` (-).
     """
@@ -244,7 +251,8 @@ def discrete_shell_hessian(Xh, theta0, kappa, weight):
 
 
 def discrete_shell_hessian_psd(Xh, theta0, kappa, weight):
-    """Seed 002's make_spd: ``discrete_shell_hessian`` with negative eigenvalues clamped to 0."""
+    """``discrete_shell_hessian`` with negative eigenvalues clamped to 0 (the Discrete Shells
+    reference's make_spd, docs/spec.md §7)."""
     return project_psd(discrete_shell_hessian(Xh, theta0, kappa, weight))
 
 
@@ -268,11 +276,7 @@ def hinges_rest(X_ref, hinges, min_relative_area=1e-8):
     h = np.asarray(hinges)
     if h.ndim != 2 or h.shape[1] != 4:
         raise ValueError(f"hinges must have shape (H, 4); got {h.shape}")
-    P = X[h]  # (H, 4, 3)
-    finite = np.isfinite(P).all(axis=(1, 2))
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise ValueError(f"hinge {bad} {h[bad].tolist()} has non-finite rest positions")
+    P = rest_positions(X, h, "hinge")  # (H, 4, 3)
     xa, xb, xc, xd = P[:, 0], P[:, 1], P[:, 2], P[:, 3]
     A1 = 0.5 * np.linalg.norm(np.cross(xc - xa, xd - xa), axis=-1)
     A2 = 0.5 * np.linalg.norm(np.cross(xd - xb, xc - xb), axis=-1)
@@ -289,3 +293,44 @@ def hinges_rest(X_ref, hinges, min_relative_area=1e-8):
     theta0 = jax.vmap(_theta)(Pj)
     edge_len = jnp.linalg.norm(Pj[:, 3] - Pj[:, 2], axis=-1)
     return theta0, edge_len, jnp.asarray(A1 + A2)
+
+
+# ---------------------------------------------------------------------------------------
+# The bending models as objects
+# ---------------------------------------------------------------------------------------
+def _hinge_stiffness_of(params, model):
+    """Per-hinge kθ = s·6Dℓ²/A (N m) of a Model's hinges for Params (s: bending_scale)."""
+    return params.bending_scale * hinge_stiffness(
+        params.youngs_modulus, params.poisson, params.thickness, model.hinge_length, model.hinge_area)
+
+
+def _discrete_shell_stiffness_of(params, model):
+    """Per-hinge κ·w = s·κ·3ℓ²/A (N m): the Discrete Shells weight folded into the stiffness."""
+    kappa = params.bending_scale * discrete_shell_kappa(params.youngs_modulus, params.poisson, params.thickness)
+    return kappa * 3.0 * model.hinge_length**2 / model.hinge_area
+
+
+def _unit_weight(fn):
+    """A Discrete Shells element function with its weight folded into κ (weight 1)."""
+    return lambda Xh, theta0, k: fn(Xh, theta0, k, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BendingModel(ElementModel):
+    """A bending model: per-hinge element functions of ``(Xh (4, 3), theta0, k)``; gradients
+    (4, 3) N, Hessians (12, 12) N/m; and the per-hinge stiffness k of a model's hinges."""
+
+    stiffness: Callable = None  # (Params, Model) -> (H,) N m
+
+
+HINGE = BendingModel("hinge", hinge_energy, hinge_gradient, hinge_hessian, hinge_hessian_psd, _hinge_stiffness_of)
+DISCRETE_SHELL = BendingModel(
+    "discrete_shell", _unit_weight(discrete_shell_energy), _unit_weight(discrete_shell_gradient),
+    _unit_weight(discrete_shell_hessian), _unit_weight(discrete_shell_hessian_psd), _discrete_shell_stiffness_of)
+#: The bending models by name (``Config.bending``).
+BENDING_MODELS = {m.name: m for m in (HINGE, DISCRETE_SHELL)}
+
+
+def bending_model(name: str) -> BendingModel:
+    """The :class:`BendingModel` called ``name`` (ValueError naming the known ones if none)."""
+    return model_named(BENDING_MODELS, "bending", name)

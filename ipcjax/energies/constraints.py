@@ -1,4 +1,4 @@
-"""Temporary supports and tie springs (spec §3).
+"""Temporary supports and tie springs (docs/spec.md §3).
 
 Support:  ½ kᵢ ‖xᵢ − targetᵢ‖²            per supported particle, kᵢ in N/m (0 = released)
 Tie:      ½ k (‖xᵢ − xⱼ‖ − Lᵢⱼ)²           per particle pair, k in N/m, L in m

@@ -1,4 +1,4 @@
-"""Lagged smoothed friction (spec §4).
+"""Lagged smoothed friction (docs/spec.md §4).
 
 For each contact active at step start, the load λ = μf·(−B′(g₀)) (N), the closest-point
 weights w₀ and the unit normal n₀ are frozen. The tangential relative displacement is
@@ -27,7 +27,7 @@ def _tangent(X, X0, w0, n0):
     return u - jnp.dot(n0, u) * n0
 
 
-def friction_energy(X, X0, w0, n0, load, eps):
+def friction_energy(X, X0, w0, n0, load, *, eps):
     """Stencil friction energy load·(√(t·t+ε²) − ε) in J.
 
     Args:
@@ -38,14 +38,14 @@ def friction_energy(X, X0, w0, n0, load, eps):
     return load * (jnp.sqrt(jnp.dot(t, t) + eps * eps) - eps)
 
 
-def friction_gradient(X, X0, w0, n0, load, eps):
+def friction_gradient(X, X0, w0, n0, load, *, eps):
     """∂/∂xᵢ = λ w₀ᵢ t/√(t·t+ε²), (4, 3) in N (t is already tangential)."""
     t = _tangent(X, X0, w0, n0)
     s = jnp.sqrt(jnp.dot(t, t) + eps * eps)
     return load * w0[:, None] * (t / s)[None, :]
 
 
-def friction_hessian(X, X0, w0, n0, load, eps):
+def friction_hessian(X, X0, w0, n0, load, *, eps):
     """Exact Hessian (12, 12) = λ (w₀w₀ᵀ) ⊗ P (I − t tᵀ/s²)/s P with P = I − n₀n₀ᵀ, s = √(t·t+ε²).
 
     It is positive semi-definite: I − t tᵀ/s² has eigenvalues 1 and ε²/s² > 0.

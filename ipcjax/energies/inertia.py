@@ -1,4 +1,4 @@
-"""Inertia term of the incremental potential (spec §2).
+"""Inertia term of the incremental potential (docs/spec.md §2).
 
 Φ_inertia(x) = Σᵢ mᵢ ‖xᵢ − yᵢ‖² / (2 dt²)   (J)
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def inertial_target(x0, v0, mass, free, gravity, force, dt):
+def inertial_target(x0, v0, dt, *, mass, free, gravity, force):
     """y = x₀ + dt·v₀ + dt²(g + f/m) for free particles with mass, x₀ otherwise.
 
     Args:
-        x0, v0: (N, 3) positions (m) and velocities (m/s). mass: (N,) kg.
-        free: (N,) bool. gravity: (3,) m/s². force: (N, 3) N. dt: s.
+        x0, v0: (N, 3) positions (m) and velocities (m/s). dt: s. mass: (N,) kg.
+        free: (N,) bool. gravity: (3,) m/s². force: (N, 3) N.
     """
     moving = free & (mass > 0)
     m = jnp.where(moving, mass, 1.0)[:, None]

@@ -23,13 +23,16 @@ dS/dE, and (x) is the Kronecker product (vertex blocks times I3). The first term
 material tangent, the second the geometric (initial-stress) tangent.
 
 Reference: Bonet & Wood, Nonlinear Continuum Mechanics for FEA, ch. 5-6; Newton
-``ModelBuilder.add_triangle`` (rest frame) and the IPC port spec, section 3.
+``ModelBuilder.add_triangle`` (rest frame) and docs/spec.md §3.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ipcjax.energies import ElementModel, model_named
+from ipcjax.topology import rest_positions
 
 _SQRT2 = float(np.sqrt(2.0))
 # Mandel basis of symmetric 2x2 tensors: E11, E22, (e1 e2^T + e2 e1^T)/sqrt(2).
@@ -122,11 +125,7 @@ def triangles_rest(X_ref, triangles, min_relative_area=1e-8):
         raise ValueError(f"X_ref must have shape (N, 3); got {X.shape}")
     if t.ndim != 2 or t.shape[1] != 3:
         raise ValueError(f"triangles must have shape (T, 3); got {t.shape}")
-    P = X[t]  # (T, 3, 3)
-    finite = np.isfinite(P).all(axis=(1, 2))
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise ValueError(f"triangle {bad} has non-finite rest positions: {P[bad].tolist()}")
+    P = rest_positions(X, t, "triangle")  # (T, 3, 3)
     e = P[:, [1, 2, 0]] - P  # edges x1-x0, x2-x1, x0-x2
     l2max = np.max(np.sum(e * e, axis=-1), axis=-1)
     A = 0.5 * np.linalg.norm(np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0]), axis=-1)
@@ -312,7 +311,7 @@ def neo_hookean_hessian(X, Dm_inv, area, mu, lam):
 def neo_hookean_hessian_psd(X, Dm_inv, area, mu, lam):
     """Solver tangent for Neo-Hookean (9, 9), PSD: A0 [m^T Q+ m + (B S+ B^T) (x) I3].
 
-    S+: positive-eigenvalue part of S (geometric tangent, as in the Newton IPC spec).
+    S+: positive-eigenvalue part of S (geometric tangent, as in docs/spec.md §3).
     Q+: the 3x3 Mandel material tangent with negative eigenvalues clamped to 0. Q is PSD
     (so Q+ = Q) while mu - lam log J >= 0, i.e. area ratio J <= exp(mu/lam) (1.84 for
     nu = 0.45); beyond that the clamp keeps the material part PSD. The result equals
@@ -321,3 +320,23 @@ def neo_hookean_hessian_psd(X, Dm_inv, area, mu, lam):
     _, Cinv, logJ, S = _nh_parts(X, Dm_inv, mu, lam)
     Q = project_psd(_nh_tangent(Cinv, logJ, mu, lam))
     return _assemble(X, Dm_inv, area, positive_part_sym2(S), Q)
+
+
+# ---------------------------------------------------------------------------------------
+# The materials as objects
+# ---------------------------------------------------------------------------------------
+class MembraneModel(ElementModel):
+    """A membrane material: element functions of ``(X, Dm_inv, area, mu, lam)``; gradients
+    (3, 3) N, Hessians (9, 9) N/m."""
+
+
+NEO_HOOKEAN = MembraneModel("neo_hookean", neo_hookean_energy, neo_hookean_gradient, neo_hookean_hessian,
+                            neo_hookean_hessian_psd)
+STVK = MembraneModel("stvk", stvk_energy, stvk_gradient, stvk_hessian, stvk_hessian_psd)
+#: The membrane models by name (``Config.membrane``).
+MEMBRANE_MODELS = {m.name: m for m in (NEO_HOOKEAN, STVK)}
+
+
+def membrane_model(name: str) -> MembraneModel:
+    """The :class:`MembraneModel` called ``name`` (ValueError naming the known ones if none)."""
+    return model_named(MEMBRANE_MODELS, "membrane", name)

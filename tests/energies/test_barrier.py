@@ -9,7 +9,7 @@ from ipcjax.energies.barrier import (
     barrier_first_derivative,
     barrier_second_derivative,
     stencil_barrier_gradient,
-    stencil_barrier_hessian,
+    stencil_barrier_hessian_psd,
 )
 from tests.helpers import assert_nonzero, central_gradient, rel_err
 
@@ -69,7 +69,7 @@ def test_stencil_gradient_and_hessian():
         assert_nonzero(g_hand)
         assert rel_err(g_hand, g_ad) < 1e-10
         assert rel_err(g_hand, central_gradient(e, X, h=gap * 1e-4)) < 1e-6
-        H = np.asarray(stencil_barrier_hessian(jnp.asarray(X), jnp.asarray(w), c, DHAT, K))
+        H = np.asarray(stencil_barrier_hessian_psd(jnp.asarray(X), jnp.asarray(w), c, DHAT, K))
         assert np.allclose(H, H.T)
         assert np.linalg.eigvalsh(H).min() >= -1e-9 * np.abs(H).max()
         # the normal-direction curvature equals B″ along j = w ⊗ n

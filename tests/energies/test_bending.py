@@ -1,5 +1,5 @@
 """Bending: signed dihedral angle (Newton convention), its hand-derived gradient and Hessian,
-the wrapped hinge energy, Discrete Shells (seed 002 regression list) and hinge rest data."""
+the wrapped hinge energy, Discrete Shells (docs/spec.md §7 regression list) and hinge rest data."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +20,7 @@ from ipcjax.energies.bending import (
     hinge_energy,
     hinge_gradient,
     hinge_hessian,
-    hinge_hessian_gn,
+    hinge_hessian_psd,
     hinge_stiffness,
     hinges_rest,
 )
@@ -59,7 +59,7 @@ def _newton_theta(X):
 
 
 def _seed002_theta(x0, x1, x2, x3):
-    """Seed 002: arccos of oriented normals, negated when (n2 x n1).(x1 - x2) < 0."""
+    """The Discrete Shells reference (docs/spec.md §7): arccos of oriented normals, negated when (n2 x n1).(x1 - x2) < 0."""
     n1 = np.cross(x1 - x0, x2 - x0)
     n2 = np.cross(x2 - x3, x1 - x3)
     t = np.arccos(np.clip(n1 @ n2 / (np.linalg.norm(n1) * np.linalg.norm(n2)), -1.0, 1.0))
@@ -86,7 +86,7 @@ def test_angle_matches_construction_newton_and_seed002(alpha):
     theta = float(_th(X))
     assert theta == pytest.approx(alpha, abs=1e-12)
     assert theta == pytest.approx(_newton_theta(X), abs=1e-12)
-    # Seed 002's (x0, x1, x2, x3) is our (a, c, d, b).
+    # The reference's (x0, x1, x2, x3) is our (a, c, d, b).
     assert theta == pytest.approx(_seed002_theta(*X[[0, 2, 3, 1]]), abs=1e-7)
 
 
@@ -189,7 +189,7 @@ def test_angle_derivatives_scale(scale):
 
 
 # ---------------------------------------------------------------------------------------
-# Spec hinge energy
+# The specification's hinge energy (docs/spec.md §3)
 # ---------------------------------------------------------------------------------------
 K_THETA = 2.5
 
@@ -237,7 +237,7 @@ def test_hinge_zero_at_rest_and_rigid_invariance(alpha):
 
 def test_hinge_gauss_newton_hessian():
     X = _hinge(0.9, seed=10)
-    Hgn = np.asarray(hinge_hessian_gn(jnp.asarray(X), 0.2, K_THETA))
+    Hgn = np.asarray(hinge_hessian_psd(jnp.asarray(X), 0.2, K_THETA))
     w = np.linalg.eigvalsh(Hgn)
     assert w.min() >= -1e-12 * w.max() and np.sum(w > 1e-9 * w.max()) == 1  # PSD, rank 1
     # Equal to the exact Hessian at the rest angle (delta = 0).
@@ -253,7 +253,7 @@ def test_hinge_stiffness_film_numbers():
 
 
 # ---------------------------------------------------------------------------------------
-# Discrete Shells (seed 002 regression list)
+# Discrete Shells (docs/spec.md §7 regression list)
 # ---------------------------------------------------------------------------------------
 def _shell_geometry(alpha):
     """Edge L0 = 2 cm, both apexes 1 cm from the edge: A1 + A2 = 2 cm^2, w = 3 L0^2/A = 6."""
@@ -279,9 +279,9 @@ def test_discrete_shell_calibrated_energy_and_moment():
     assert float(discrete_shell_energy(X, theta0[0], kappa, w)) == pytest.approx(1.0664576802507837e-7, rel=1e-12)
     # moment = -2 kappa w (0.2) = -1.0664576802507837e-6 N m
     assert float(discrete_shell_moment(X, theta0[0], kappa, w)) == pytest.approx(-1.0664576802507837e-6, rel=1e-12)
-    # Uniform scaling of the rest hinge leaves w unchanged (seed 002).
+    # Uniform scaling of the rest hinge leaves w unchanged (docs/spec.md §7).
     assert float(discrete_shell_weight(10 * edge_len[0], 100 * area_pair[0])) == pytest.approx(6.0, rel=1e-14)
-    # Same D: the spec hinge is twice the shell (k_theta/2 = 6 D l^2/(2A) = D w = 2 kappa w).
+    # Same D: the specification's hinge is twice the shell (k_theta/2 = 6 D l^2/(2A) = D w = 2 kappa w).
     k_theta = hinge_stiffness(315e6, 0.45, 30e-6, edge_len[0], area_pair[0])
     assert float(hinge_energy(X, theta0[0], k_theta)) == pytest.approx(
         2 * float(discrete_shell_energy(X, theta0[0], kappa, w)), rel=1e-12)
@@ -302,7 +302,7 @@ def test_discrete_shell_rest_and_both_fold_signs(theta_bar):
 
 
 def test_discrete_shell_does_not_wrap():
-    """Seed 002 subtracts the angles directly: theta = -3, theta_bar = 3 costs kappa w 36."""
+    """The Discrete Shells reference subtracts the angles directly: theta = -3, theta_bar = 3 costs kappa w 36."""
     X = jnp.asarray(_hinge(-3.0, seed=14))
     assert float(discrete_shell_energy(X, 3.0, 1.0, 1.0)) == pytest.approx(36.0, rel=1e-12)
     assert float(hinge_energy(X, 3.0, 2.0)) == pytest.approx((2 * np.pi - 6.0) ** 2, rel=1e-10)

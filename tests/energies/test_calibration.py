@@ -98,7 +98,7 @@ def test_bending_vs_kirchhoff(name):
     X, F = build()
     hinge_ratio, shell_ratio = bending_ratios(X, F, k_sum)
     print(f"\n{name}: hinge/Kirchhoff = {hinge_ratio:.4f}, discrete shell/Kirchhoff = {shell_ratio:.4f}")
-    # The spec hinge (k_theta = 6 D l^2/A, energy k_theta theta^2/2) is exactly twice
+    # The specification's hinge (docs/spec.md §3; k_theta = 6 D l^2/A, energy k_theta theta^2/2) is exactly twice
     # Discrete Shells with kappa = D/2 (energy kappa w theta^2, w = 3 l^2/A).
     assert hinge_ratio == pytest.approx(2.0 * shell_ratio, rel=1e-12)
     assert hinge_ratio == pytest.approx(hinge_expected, rel=0.01)

@@ -18,7 +18,7 @@ def test_inertial_target_and_energy():
     mass = np.array([1.0, 2.0, 0.0, 0.5, 3.0])
     free = np.array([True, True, True, False, True])
     grav, force, dt = np.array([0, 0, -9.81]), rng.normal(size=(n, 3)), 1 / 240
-    y = np.asarray(inertial_target(x0, v0, mass, free, grav, force, dt))
+    y = np.asarray(inertial_target(x0, v0, dt, mass=mass, free=free, gravity=grav, force=force))
     expect = x0 + dt * v0 + dt**2 * (grav + force / np.where(mass > 0, mass, 1)[:, None])
     assert np.allclose(y[[0, 1, 4]], expect[[0, 1, 4]], rtol=1e-14)
     assert np.array_equal(y[[2, 3]], x0[[2, 3]])  # massless and fixed stay put
