@@ -72,7 +72,42 @@ def test_nonmanifold_edges_can_be_left_out_with_a_warning():
 
 
 def test_config_rejects_unknown_models():
-    with pytest.raises(ValueError, match="membrane"):
+    with pytest.raises(ValueError, match=r"membrane must be one of \('neo_hookean', 'stvk'\); got 'linear'"):
         Config(membrane="linear")
-    with pytest.raises(ValueError, match="bending"):
+    with pytest.raises(ValueError, match=r"bending must be one of \('hinge', 'discrete_shell'\); got 'cubic'"):
         Config(bending="cubic")
+
+
+def test_names_resolve_to_one_object_each():
+    """Config's strings name the model and solver objects; the Hessian projection has one
+    name, PSDProjection, whose string values are the old ones, and unknown names raise."""
+    from ipcjax.energies import PSDProjection
+    from ipcjax.energies.bending import HINGE, bending_model
+    from ipcjax.energies.membrane import STVK, membrane_model
+    from ipcjax.implicit import make_rollout
+    from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, SparseLDL, linear_solver
+
+    assert membrane_model("stvk") is STVK and bending_model("hinge") is HINGE
+    assert isinstance(linear_solver(Config()), DenseCholesky)
+    assert isinstance(linear_solver(Config(linear_solver="sparse")), SparseLDL)
+    cg = linear_solver(Config(linear_solver="cg", cg_tolerance=1e-6, cg_max_iterations=7))
+    assert isinstance(cg, BlockJacobiCG) and (cg.tolerance, cg.max_iterations) == (1e-6, 7)
+    assert PSDProjection("exact") is PSDProjection.NONE and PSDProjection("projected") is PSDProjection.PER_ELEMENT
+    assert STVK.element_hessian("exact") is STVK.hessian and STVK.element_hessian("projected") is STVK.hessian_psd
+    with pytest.raises(ValueError, match="one of 'exact', 'projected'.*got 'approximate'"):
+        PSDProjection("approximate")
+    pos, tris, m = _grid()
+    with pytest.raises(ValueError, match="got 'approximate'"):
+        make_rollout(build_model(pos, tris, m), Config(), hessian="approximate")
+
+
+def test_set_code_sets_one_bit():
+    import jax.numpy as jnp
+
+    from ipcjax.result import StepCode, set_code
+
+    code = jnp.int32(int(StepCode.ITERATION_CAP))
+    assert int(set_code(code, StepCode.NON_FINITE, where=jnp.bool_(True))) == StepCode.ITERATION_CAP | StepCode.NON_FINITE
+    assert int(set_code(code, StepCode.NON_FINITE, where=jnp.bool_(False))) == StepCode.ITERATION_CAP
+    assert int(set_code(code, StepCode.NON_FINITE, unless=jnp.bool_(True))) == StepCode.ITERATION_CAP
+    assert int(set_code(code, StepCode.NON_FINITE, unless=jnp.bool_(False))) == StepCode.ITERATION_CAP | StepCode.NON_FINITE
