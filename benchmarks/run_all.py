@@ -28,7 +28,11 @@ SHORT = {
     "compile.py": ["--resolution", "coarse", "--steps", "2"],
     "scale.py": ["--sizes", "500,2000", "--dense-max", "2100", "--repeat", "1"],
 }
-NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py"}
+# Not run here: helpers, this runner, and scripts run by hand that print a table or a verdict
+# rather than JSON figures (their commands and output are in docs/: bad_inputs in
+# validation.md, gradient_tolerance and same_trajectory in benchmarks.md).
+NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py",
+                  "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py"}
 
 
 def _json_of(stdout: str):
