@@ -1,8 +1,9 @@
 """What every scene builder returns: a frozen dataclass of named fields.
 
 Scenes are read by attribute (``scene.model``, ``scene.x``). :class:`ByName` also lets
-``scene["model"]`` read the same field: a compatibility accessor for code written when
-the builders returned dicts (the README's snippets, ``benchmarks/``); new code uses
+``scene["model"]`` read the same field: a compatibility accessor for code that must also
+run against commits whose builders returned dicts (``benchmarks/ab_step.py`` runs one worker
+on both trees) and for the other ``benchmarks/`` scripts written then; new code uses
 attributes.
 """
 from __future__ import annotations
