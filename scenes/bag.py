@@ -1,112 +1,126 @@
-"""The bag experiment (docs/spec.md §1, §5): a 30 µm disk bag, an open bin, a floor, seven spheres,
-and the spreading / cinching / tying choreography as data.
+"""The bag experiment (docs/spec.md §1, §5): a 30 µm bag of disk topology, an open bin, a
+floor, seven spheres, and the placing / carrying / gathering / cinching / tying
+choreography as data.
 
 Built only from the library's public API (``build_model``, ``Params``, ``Controls``,
 ``Config``, ``ipcjax.audit``).
 
 Geometry (SI units; z up; the floor is the plane z = 0)
 ------------------------------------------------------
-* **Bag mesh** (:func:`bag_mesh`): vertex 0 is the centre; ring r = 1..R holds C points
-  at angles 2π c / C, vertex index 1 + (r − 1) C + c. Defaults R = 15, C = 32 give 481
-  vertices and C + 2C(R − 1) = 928 triangles; the rim is ring R (449–480) and the neck
-  ring is ring 11 (321–352). For other ring counts the neck ring is ``round(11 R / 15)``
-  (R = 7 → ring 5), the same proportion.
-* **Radii** (docs/spec.md §5 leaves the inner rings open). The disk radius is 0.24 m. The outer
-  rings, neck ring to rim, are equally spaced so that the reference edges along each
-  column across them sum to 0.030 m (7.5 mm per edge at the defaults). The rings inside
-  the neck are equally spaced in radius from the centre to the neck ring at 0.21 m
-  (19.1 mm at the defaults, 42 mm for the coarse bag). Why 0.24 m: set on the floor,
-  the film from the centre to the neck (0.21 m) is long enough to wrap the seven spheres
-  (a cluster ≈ 0.12 m across and ≈ 0.07 m tall) and meet above them; held by its rim over
-  the bin, the inner part sags into the bin, whose bottom lies 0.106 m down.
-* **Bin**: four vertical walls 106 mm tall around a 0.20 × 0.20 m footprint centred at
-  the origin, standing on the floor (the floor is the bin's bottom). Why 0.20 m: the
-  three 52 mm and one 50 mm spheres fit side by side (2 × 2 = 104 mm) with room for the
-  film, and the place phase's 0.12 m hand circle lies just outside the wall tops along
-  the axes, so the film drapes over them into the bin. Walls are fixed triangles in
-  ≈ 5 cm cells (zero-mass fixed vertices).
+* **Topology** (docs/spec.md §5 fixes it): vertex 0 is the centre; ring r = 1..R holds C
+  points at angles 2π c / C, vertex index 1 + (r − 1) C + c. Defaults R = 15, C = 32 give
+  481 vertices and C + 2C(R − 1) = 928 triangles; the rim is ring R (449–480) and the
+  neck ring is ring 11 (321–352). For other ring counts the neck ring is
+  ``round(11 R / 15)`` (R = 7 → ring 5), the same proportion. Along each column the four
+  reference edges from the neck ring to the rim sum to 0.030 m.
+* **Reference shape: a round pouch** (:func:`pouch_mesh`; docs/spec.md §5 leaves the
+  inner ring radii, hence the rest shape, open). The film's rest shape is a sphere of
+  radius 0.09 m (``POUCH_RADIUS``) from its bottom pole (vertex 0) up to the rim at a
+  polar angle of 160° (``POUCH_RIM_POLAR``): rings 11–15 are spaced so that their four
+  chords along a column are 7.5 mm each, rings 1–11 equally in polar angle from the pole
+  to the neck (140.9°). The neck ring then has a horizontal radius of 56.8 mm (11.1 mm
+  edges, 0.36 m round), 160 mm over the bottom; the rim 30.8 mm (a 61.6 mm mouth),
+  14.7 mm over the neck.
+  Why a pouch and not the flat disk this scene used first (radius 0.24 m, neck ring on a
+  0.21 m circle): a neck of about 40 mm has to gather its ring into that width. The flat
+  disk's neck ring is 1.32 m long in 41 mm edges and the film barely compresses
+  in-plane, so it could only get there by folding upright pleats about 40 mm tall; no
+  sequence of hands we tried made it do that without lifting or throwing out the 0.75 N
+  of contents (docs/validation.md, "Closing the neck"). The pouch's neck ring folds into
+  a star of 16 pleats round a 17 mm circle whose sides keep 95 % of their rest length.
+  Why this size: the seven spheres lie in one layer on its bottom (their top ≈ 73 mm
+  up once the bag stands on the floor), well below the neck, so the film above them can
+  gather; the mouth takes the 52 mm spheres one at a time with 4.8 mm to spare each
+  side; a smaller sphere or a lower rim left the neck ring level with the contents' top
+  and the cinch lifted the whole bag.
+* **Bin**: four vertical walls 106 mm tall around a 0.24 × 0.24 m footprint centred at
+  the origin, standing on the floor (the floor is the bin's bottom): room for the pouch
+  (0.18 m across). Walls are fixed triangles in ≈ 5 cm cells (zero-mass fixed vertices).
 * **Floor**: fixed triangles in 5 cm cells over x ∈ [−0.30, 0.75], y ∈ [−0.35, 0.35],
   covering the bin and the set-down place at x = 0.40 m. Cells of ≈ 5 cm keep the broad
   phase's grid from entering one huge obstacle box into thousands of cells.
 * **Spheres** (particles N_f … N_f + 6): radii 26, 26, 26, 12, 12, 12, 25 mm; masses
-  250 kg/m³ · 4πR³/3. They wait above the bag mouth, gravity cancelled through
-  ``Controls.force = −m g`` until their drop time: the three 26 mm spheres at angles
-  90°, 210°, 330° on a 35 mm circle at z = 0.26 m, the three 12 mm spheres at 30°, 150°,
-  270° at z = 0.30 m, the 25 mm sphere on the axis at z = 0.34 m (all pairwise
-  surface gaps ≥ 8 mm; all above the highest point the rim passes, 0.20 m).
-* The film starts flat at z = 0.14 m (34 mm above the wall tops), centred over the bin.
+  250 kg/m³ · 4πR³/3. They wait over the pouch's mouth, gravity cancelled through
+  ``Controls.force = −m g`` until their drop time, one above the other in drop order
+  (:func:`sphere_start`): the lowest centre at z = 0.24 m (the rim is at 0.205 m), 6 mm
+  surface gaps, each 3 mm off the axis at angles 0°, 120°, 240°, … so the heap does not
+  balance on a line.
+* The pouch starts in the bin, its bottom 30 mm over the floor (``POUCH_Z0``).
 
 Choreography (``Choreography``; docs/spec.md §5 times, paths are our choice)
 ---------------------------------------------------------------------------
 Support tracks are rows of data: a name, [t_on, t_off), particle indices, a stiffness
-per particle (N/m) and keyframes (time, targets). A keyframe's targets are an (n, 3)
-array; ``CAPTURE``, the supported points' positions when the track starts (a hand grabs
-the film where it is); :class:`Above`, points over other particles' positions at the
-start (the rim over its own column's neck point); or :class:`Ring`, a circle over the
-contents' centre at the start. :meth:`Choreography.observe` records the positions when a
-track starts, so after set-down every path is placed relative to where the bag actually
-lies rather than to a precomputed spot. Between
-keyframes targets move along a smoothstep (zero velocity at each keyframe). Every
-track has its own fixed block of support slots in ``Controls`` (k = 0 while inactive),
-so shapes never change across the run.
+per particle (N/m), keyframes (time, targets) and optionally a fade. A keyframe's targets
+are an (n, 3) array; ``CAPTURE``, the supported points' positions when the track starts
+(a hand grabs the film where it is); :class:`Above`, points over other particles'
+positions at the start; or :class:`Ring`, a circle or star centred over the contents'
+xy centroid at the start, at a height measured from the floor or (``over_top``) from the
+contents' top, the highest sphere surface at the start. :meth:`Choreography.observe`
+records the positions when a track starts, so every path after the carry is placed
+relative to where the bag and its contents actually are. Between keyframes targets
+move along a smoothstep (zero velocity at each keyframe). A faded track's stiffness
+falls to zero along a smoothstep from ``fade_from`` to its end, so it lets go without a
+jolt. Every track has its own fixed block of support slots in ``Controls`` (k = 0 while
+inactive), so shapes never change across the run.
 
-=============  ===========  ==============================  ======  =====================================
-track          time (s)     particles                        k N/m   path
-=============  ===========  ==============================  ======  =====================================
-place          0.00–2.00    all rim points                   20      flat → circle r 0.13 m, z 0.20 (0.36 s)
-                                                                     → circle r 0.12 m, z 0.17 (0.72 s), hold
-lift           2.00–4.70    rim columns 0 and C/2            300     CAPTURE → up to z 0.40 and in to
-                                                                     x = ±0.03 m (2.90) → over to x 0.40
-                                                                     (3.70) → down to z 0.10 (4.50), hold
-spread neck    4.70–6.05    neck ring                        10      CAPTURE → circle r 0.205 m
-                                                                     (``SPREAD_NECK_RADIUS``, rest 0.21) at
-                                                                     z 0.004 (``SPREAD_Z``) around the
-                                                                     contents' centre (5.40), hold
-unfold         4.70–5.50    all rim points                   10      CAPTURE → circle r 0.227 m at z 0.024:
-                                                                     the neck circle plus 22 mm outward
-                                                                     (``UNFOLD_OUTWARD``) and 20 mm up
-                                                                     (``UNFOLD_RISE``) (5.40), hold
-unfold2        5.50–6.05    all rim points                   10      CAPTURE → each rim point 20 mm over
-                                                                     its column's neck point as it lies at
-                                                                     5.50 and 22 mm further out from the
-                                                                     contents' centre (5.90), hold
-gather         6.05–7.40    all rim points                   10      CAPTURE → star over the contents' centre,
-                                                                     z 0.10: even columns on r 0.025 m, odd
-                                                                     ones out where rim neighbours are 0.9
-                                                                     rest rim edges apart (7.10), hold
-flap           7.40–9.40    5 rim columns round(jC/5)        50      CAPTURE, hold to 8.75 → circle r 0.035 m,
-                                                                     z 0.09 over the contents (9.40)
-cinch          7.40–9.40    every other column of the two    50      CAPTURE → circle r 0.015 m over the
-                            neck bands (rings neck, neck − 1)        contents, neck band z 0.07, lower band
-                                                                     0.6·(ring gap) below (8.40), hold
-=============  ===========  ==============================  ======  =====================================
+=========  ===========  ==========================  ======  ==========================================
+track      time (s)     particles                   k N/m   path
+=========  ===========  ==========================  ======  ==========================================
+place      0.00–2.00    all rim points              20      CAPTURE → 25 mm lower (0.72 s), hold: the
+                                                            pouch hangs into the bin, its bottom on
+                                                            the floor
+lift       2.00–4.70    rim columns 0 and C/2       300     CAPTURE → up to z 0.40 and in to
+                                                            x = ±0.03 m (2.90) → over to x 0.40
+                                                            (3.70) → down to z 0.16 (4.50), hold:
+                                                            the bag stands on the floor
+neck       4.70–6.05    neck ring                   10      CAPTURE → its rest circle (r 56.8 mm)
+                                                            round the contents at its own mean
+                                                            height (5.40), hold
+unfold     4.70–6.05    all rim points              10      CAPTURE → its rest circle (r 30.8 mm),
+                                                            its rest height (14.7 mm) over the
+                                                            neck's (5.40), hold
+gather     6.05–7.40    all rim points              10      CAPTURE → a star round the contents at
+                                                            the rim's own mean height: even columns
+                                                            on r 25 mm, odd ones in where rim
+                                                            neighbours are 0.9 rest rim edges apart
+                                                            (7.10), hold
+flap       7.40–9.40    all rim points              20      CAPTURE → the gather's star 26 mm over
+                                                            the cinched neck band (8.40), hold;
+                                                            fades out from 9.00
+cinch      7.40–9.40    every point of the two      50      CAPTURE → stars round the contents:
+                        neck bands (rings 11, 10)           the neck band 30 mm over the contents'
+                                                            top, the lower band 0.9 of the rest band
+                                                            gap (20.1 mm) below; even columns on r
+                                                            17 mm, odd ones in where neighbours are
+                                                            0.95 rest ring edges apart, no nearer the
+                                                            axis than 4 mm (8.40), hold; fades out
+                                                            from 9.00
+=========  ===========  ==========================  ======  ==========================================
 
-* Why the place circle is 0.12 m at z 0.17 m: it is about what the film reaches without
-  pleating. A flat disk can only become a sack by folding circumferentially, which 12
-  columns cannot do (membrane locking); a tighter circle leaves the rim lagging behind its
-  targets with energy stored in the supports and the compressed membrane, which springs
-  back when the place supports let go at 2.00 s.
-* Why the unfold spreads the bag first: the rim ring is 14 % longer than the neck ring
-  (2π·0.24 vs 2π·0.21 m) and the film barely compresses in-plane, so a hand circle much
-  smaller than the rim, or rim targets straight over a bunched-up neck, force the rim
-  polygon into a zigzag of alternating height whose low columns fold back down and fail
-  :func:`check_unfolded`. Spreading the neck ring to near its rest radius gives the rim
-  room for its length, so every column can rise from neck to rim by 6.05 s.
+* Why heights are taken from where the bag is, never from the floor: the bag weighs
+  2.7 g and its contents 76 g (0.75 N), while 32 hands of 10 N/m pulling 2 cm carry
+  6.4 N. A target a little above what the film reaches hoists the whole bag (an earlier
+  gather 35 mm over the neck lifted it 19 mm; a cinch held at the neck's height while
+  its ring closed pulled the bottom up 60 mm). The cinch height over the contents' top
+  (30 mm) is below what the closed film reaches (≈ 44 mm measured when it was hoisted).
 * Drops: sphere j (in the order 26, 26, 26, 12, 12, 12, 25 mm) gets gravity from
   0.89 + j (1.60 − 0.89)/6 s.
-* Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between consecutive
-  cinched points around each band (closed loop) and between the two bands' points in
-  the same column. Lᵢⱼ starts at the captured length at 8.40 s (no jolt) and follows a
-  smoothstep to min(captured, target) by 8.75 s; targets: chords of a 12 mm circle
-  within a band, 0.6 of the reference ring gap between bands.
+* Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between each cinched
+  point and the point two columns on in its band (a closed loop through the pleats'
+  outer folds and one through their inner folds, like a string round the neck), and
+  between the two bands' points in the same column. Lᵢⱼ starts at the captured length at
+  8.40 s (no jolt) and follows a smoothstep to min(captured, target) by 8.75 s; targets:
+  the cinch stars' chords, and 0.9 of the band gap between bands. (Ties between
+  neighbouring points would not hold the neck closed: pleats open while keeping those
+  lengths.)
 * Tolerance: 0.012 mm until 9.40 s, 0.0005 mm after (all supports released).
 * Timing convention of :meth:`Choreography.controls_at` ``(step_index, t)``: t is the
   step's start time. Activity (supports, ties, gravity cancellation, tolerance) is
-  decided at the start time; targets and tie lengths are evaluated at the step's end
-  time t + dt, the instant the implicit step solves for.
+  decided at the start time; targets, fades and tie lengths are evaluated at the step's
+  end time t + dt, the instant the implicit step solves for.
 * The specification's check that all columns unfold upward (docs/spec.md §5,
-  :func:`check_unfolded`) runs when the unfold track ends (6.05 s): along every column, z must increase strictly from the neck
-  ring to the rim.
+  :func:`check_unfolded`) runs when the unfold track ends (6.05 s): along every column,
+  z must increase strictly from the neck ring to the rim.
 """
 from __future__ import annotations
 
@@ -123,37 +137,46 @@ from scenes.scene import ByName
 
 DT = 1.0 / 240.0
 BIN_HEIGHT = 0.106
-BIN_HALF = 0.10
+BIN_HALF = 0.12
 SPHERE_RADII = (0.026, 0.026, 0.026, 0.012, 0.012, 0.012, 0.025)
 SPHERE_DENSITY = 250.0
-DISK_RADIUS = 0.24
+DISK_RADIUS = 0.24           # m: the flat disk of bag_mesh (the pouch scene's film)
+POUCH_RADIUS = 0.09          # m: the bag's reference shape, a sphere of this radius ...
+POUCH_RIM_POLAR = np.radians(160.0)  # ... from its bottom pole up to the rim at this polar angle
 NECK_TO_RIM = 0.030
-FILM_Z0 = 0.14
 SET_DOWN = np.array([0.40, 0.0])
 TOL_MANIPULATION = 0.012e-3
 TOL_RELEASED = 0.0005e-3
 T_RELEASE = 9.40
 T_END = 10.50
 TIE_K = 250.0
-SPREAD_NECK_RADIUS = 0.205  # m: the neck ring's circle while the bag is spread (rest radius 0.21)
-SPREAD_Z = 0.004            # m: its height (film on the floor)
-UNFOLD_RISE = 0.020         # m: rim target over its column's neck point after unfolding
-UNFOLD_OUTWARD = 0.022      # m: and this far outward from the contents' centre (chord 29.7 mm)
-# Heights over the floor for gathering and cinching. After the carry the seven spheres lie in
-# one layer on the floor (centres 14–28 mm up, tops ≈ 54 mm); the film from the bag's
-# centre under them, up their side and over their top leaves only a few cm to the neck, so
-# the rim is gathered low enough not to lift the bag and its contents off the floor.
-GATHER_Z = 0.10             # m: rim star after gathering: even columns on r 25 mm, odd columns
-GATHER_EDGE = 0.9           # out where consecutive rim points are 0.9 rim edges apart (pleats)
-NECK_Z = 0.07               # m: cinched neck band (r 15 mm); the lower band 0.6 ring gaps below
-FLAP_LOWERED_Z = 0.09       # m: the five flap supports' circle (r 35 mm) at release
+POUCH_Z0 = 0.030            # m: the pouch's bottom over the floor (the bin's bottom) at t = 0
+PLACE_LOWER = 0.025         # m: the place hands lower the rim this far by 0.72 s
+SPHERE_Z0 = 0.24            # m: the lowest waiting sphere's centre (the rim is at 0.205 m)
+SPHERE_STACK_GAP = 0.006    # m: surface gap between consecutive waiting spheres
+SPHERE_STACK_OFFSET = 0.003 # m: their horizontal offset from the axis
+LIFT_SET_Z = 0.16           # m: the lift hands' height when the bag is set on the floor
+GATHER_OUTER = 0.025        # m: the gathered rim star's outer radius ...
+GATHER_EDGE = 0.9           # ... its sides 0.9 of a rest rim edge
+CINCH_OVER_TOP = 0.030      # m: the cinched neck band over the contents' top; the lower band CINCH_BAND band gaps below
+CINCH_BAND = 0.9
+CINCH_OUTER = 0.017         # m: the cinched stars' outer radius (the pleats' outer folds) ...
+CINCH_EDGE = 0.95           # ... their sides 0.95 of a rest ring edge
+CINCH_K = 50.0              # N/m per point, the cinch hands
+FLAP_K = 20.0               # N/m per point, the flap hands ...
+FLAP_RISE = 0.026           # m: ... hold the rim this far over the cinched neck band
+STAR_MIN_INNER = 0.004      # m: innermost fold radius allowed in a star
+FADE_FROM = 9.00            # s: cinch and flap hands fade out from here to T_RELEASE
 MIN_LENGTH = 1e-12  # m: a horizontal offset shorter than this has no direction (no outward move)
+# States a bag run writes as it passes these times (scenes.bag_run.run_bag), to resume
+# from: the start of the cinch and the start of the tie.
+CHECKPOINTS = {"cinch": 7.40, "tie": 8.40}
 EPS_T = 1e-9  # s: slack when accumulated step times are compared with phase boundaries
 
 # Named phases, for progress display and for the measurements' windows (docs/spec.md §5).
 PHASES = (
     ("place", 0.00, 0.72), ("hold", 0.72, 0.89), ("drops", 0.89, 1.60), ("settle", 1.60, 2.00),
-    ("lift", 2.00, 4.70), ("unfold", 4.70, 6.05), ("gather", 6.05, 7.10), ("hold flap", 7.10, 7.40),
+    ("lift", 2.00, 4.70), ("unfold", 4.70, 6.05), ("gather", 6.05, 7.10), ("hold", 7.10, 7.40),
     ("cinch", 7.40, 8.40), ("tie", 8.40, 8.75), ("lower flap", 8.75, 9.40), ("released", 9.40, T_END),
 )
 
@@ -163,9 +186,9 @@ CAPTURE = "capture"
 # --------------------------------------------------------------------------- mesh
 
 class BagMesh(NamedTuple):
-    x: np.ndarray          # (1 + R C, 3) reference positions (flat disk at z = 0), m
+    x: np.ndarray          # (1 + R C, 3) reference positions (vertex 0 at the origin), m
     triangles: np.ndarray  # (C + 2C(R − 1), 3) int32
-    ring_radius: np.ndarray  # (R + 1,) radius of ring r (ring 0 = centre), m
+    ring_radius: np.ndarray  # (R + 1,) horizontal radius of ring r (ring 0 = centre), m
     rings: int
     columns: int
     neck_ring: int
@@ -184,29 +207,10 @@ def neck_ring_of(rings: int) -> int:
     return min(max(neck, 1), rings - 1)
 
 
-def bag_mesh(rings: int = 15, columns: int = 32, radius: float = DISK_RADIUS,
-             neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
-    """Flat disk bag: a centre vertex and ``rings`` rings of ``columns`` points.
-
-    Ring radii: rings neck…R equally spaced with (R − neck) edges summing to
-    ``neck_to_rim`` (m); rings 1…neck equally spaced from 0 to ``radius − neck_to_rim``.
-    Triangles are counter-clockwise seen from +z; the diagonal of each quad alternates
-    with (ring + column) parity so the mesh has no spiral bias.
-    """
-    if rings < 2 or columns < 3:
-        raise ValueError(f"a bag needs rings ≥ 2 and columns ≥ 3; got rings={rings}, columns={columns}")
-    if not 0 < neck_to_rim < radius:
-        raise ValueError(f"need 0 < neck_to_rim < radius; got {neck_to_rim}, {radius}")
-    neck = neck_ring_of(rings)
-    r_neck = radius - neck_to_rim
-    rr = np.empty(rings + 1)
-    rr[: neck + 1] = np.linspace(0.0, r_neck, neck + 1)
-    rr[neck:] = np.linspace(r_neck, radius, rings - neck + 1)
-    ang = 2 * np.pi * np.arange(columns) / columns
-    x = [np.zeros(3)]
-    for r in range(1, rings + 1):
-        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.zeros(columns)], axis=1))
-    x = np.asarray(x)
+def _disk_triangles(rings: int, columns: int) -> np.ndarray:
+    """The disk topology: a fan round the centre, then two triangles per quad between
+    rings; the diagonal alternates with (ring + column) parity so the mesh has no spiral
+    bias. Counter-clockwise seen from +z when the rings lie flat."""
     tris = []
     for k in range(columns):
         tris.append((0, ring_index(1, k, columns), ring_index(1, k + 1, columns)))
@@ -218,9 +222,84 @@ def bag_mesh(rings: int = 15, columns: int = 32, radius: float = DISK_RADIUS,
                 tris += [(a, A, B), (a, B, b)]
             else:
                 tris += [(a, A, b), (b, A, B)]
-    return BagMesh(x=x, triangles=np.asarray(tris, np.int32), ring_radius=rr, rings=rings,
-                   columns=columns, neck_ring=neck, rim=ring_index(rings, np.arange(columns), columns),
+    return np.asarray(tris, np.int32)
+
+
+def _check_rings(rings, columns):
+    if rings < 2 or columns < 3:
+        raise ValueError(f"a bag needs rings ≥ 2 and columns ≥ 3; got rings={rings}, columns={columns}")
+
+
+def _mesh(x, rr, rings, columns):
+    neck = neck_ring_of(rings)
+    return BagMesh(x=np.asarray(x, np.float64), triangles=_disk_triangles(rings, columns), ring_radius=rr,
+                   rings=rings, columns=columns, neck_ring=neck,
+                   rim=ring_index(rings, np.arange(columns), columns),
                    neck=ring_index(neck, np.arange(columns), columns))
+
+
+def bag_mesh(rings: int = 15, columns: int = 32, radius: float = DISK_RADIUS,
+             neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
+    """Flat disk: a centre vertex and ``rings`` rings of ``columns`` points at z = 0.
+
+    Ring radii: rings neck…R equally spaced with (R − neck) edges summing to
+    ``neck_to_rim`` (m); rings 1…neck equally spaced from 0 to ``radius − neck_to_rim``.
+    (The pouch scene's film; the bag's film is :func:`pouch_mesh`, the same topology.)
+    """
+    _check_rings(rings, columns)
+    if not 0 < neck_to_rim < radius:
+        raise ValueError(f"need 0 < neck_to_rim < radius; got {neck_to_rim}, {radius}")
+    neck = neck_ring_of(rings)
+    r_neck = radius - neck_to_rim
+    rr = np.empty(rings + 1)
+    rr[: neck + 1] = np.linspace(0.0, r_neck, neck + 1)
+    rr[neck:] = np.linspace(r_neck, radius, rings - neck + 1)
+    ang = 2 * np.pi * np.arange(columns) / columns
+    x = [np.zeros(3)]
+    for r in range(1, rings + 1):
+        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.zeros(columns)], axis=1))
+    return _mesh(x, rr, rings, columns)
+
+
+def pouch_polar_angles(rings: int, radius: float = POUCH_RADIUS, rim_polar: float = POUCH_RIM_POLAR,
+                       neck_to_rim: float = NECK_TO_RIM) -> np.ndarray:
+    """(R + 1,) polar angle (rad, from the bottom pole) of each ring of :func:`pouch_mesh`:
+    rings neck…R equally spaced below ``rim_polar`` so that the chords along a column from
+    the neck ring to the rim sum to ``neck_to_rim``; rings 0…neck equally spaced from the
+    pole to the neck."""
+    neck = neck_ring_of(rings)
+    edge = neck_to_rim / (rings - neck)
+    if not 0 < edge < 2 * radius:
+        raise ValueError(f"neck_to_rim {neck_to_rim} m does not fit a sphere of radius {radius} m")
+    phi_neck = rim_polar - (rings - neck) * 2.0 * np.arcsin(edge / (2.0 * radius))
+    if not 0 < phi_neck < rim_polar < np.pi:
+        raise ValueError(f"need 0 < neck polar angle < rim polar angle < π; got rim_polar={rim_polar}, "
+                         f"neck_to_rim/radius={neck_to_rim / radius}")
+    phi = np.empty(rings + 1)
+    phi[: neck + 1] = np.linspace(0.0, phi_neck, neck + 1)
+    phi[neck:] = np.linspace(phi_neck, rim_polar, rings - neck + 1)
+    return phi
+
+
+def pouch_mesh(rings: int = 15, columns: int = 32, radius: float = POUCH_RADIUS,
+               rim_polar: float = POUCH_RIM_POLAR, neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
+    """The bag's film: the disk topology of :func:`bag_mesh` laid on a sphere of ``radius``
+    (m) from its bottom pole (vertex 0, at z = 0) up to the rim at polar angle
+    ``rim_polar`` (rad): a round pouch open at the top.
+
+    Ring r lies at the polar angle of :func:`pouch_polar_angles`; along each column the
+    reference edges from the neck ring to the rim sum to ``neck_to_rim``. ``ring_radius``
+    holds each ring's horizontal radius.
+    """
+    _check_rings(rings, columns)
+    phi = pouch_polar_angles(rings, radius, rim_polar, neck_to_rim)
+    rr = radius * np.sin(phi)
+    ang = 2 * np.pi * np.arange(columns) / columns
+    x = [np.zeros(3)]
+    for r in range(1, rings + 1):
+        z = radius * (1.0 - np.cos(phi[r]))
+        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.full(columns, z)], axis=1))
+    return _mesh(x, rr, rings, columns)
 
 
 # --------------------------------------------------------------------------- obstacles
@@ -257,16 +336,13 @@ def bin_and_floor(cell: float = 0.05):
 
 
 def sphere_start():
-    """(7, 3) sphere centres waiting above the bag mouth (see module docstring)."""
-    out = []
-    for j, deg in enumerate((90, 210, 330)):
-        a = np.radians(deg)
-        out.append((0.035 * np.cos(a), 0.035 * np.sin(a), 0.26))
-    for deg in (30, 150, 270):
-        a = np.radians(deg)
-        out.append((0.035 * np.cos(a), 0.035 * np.sin(a), 0.30))
-    out.append((0.0, 0.0, 0.34))
-    return np.asarray(out)
+    """(7, 3) sphere centres waiting over the pouch's mouth (see module docstring): one
+    above the other, each ``SPHERE_STACK_GAP`` over the one below, alternately
+    ``SPHERE_STACK_OFFSET`` to either side of the axis, the lowest at ``SPHERE_Z0``."""
+    r = np.asarray(SPHERE_RADII)
+    z = SPHERE_Z0 + np.concatenate([[0.0], np.cumsum(r[:-1] + r[1:] + SPHERE_STACK_GAP)])
+    a = np.radians(120.0) * np.arange(len(r))
+    return np.stack([SPHERE_STACK_OFFSET * np.cos(a), SPHERE_STACK_OFFSET * np.sin(a), z], axis=1)
 
 
 # --------------------------------------------------------------------------- choreography
@@ -303,33 +379,38 @@ class Above:
 class Ring:
     """Keyframe targets on a horizontal circle of ``radius`` (m) at height ``z`` (m), centred
     over the xy centroid of ``about``'s positions when the track starts, one point per
-    supported particle at ``angles`` (rad)."""
+    supported particle at ``angles`` (rad). ``radius`` may give one radius per point (a
+    star) and ``z`` one height per point. ``z`` is measured from the floor; with ``level``
+    (particle indices) from their mean height at the start; with ``over_top`` (the radii
+    of ``about``'s particles, m) from the contents' top at the start, the highest
+    ``z + radius`` among ``about``."""
 
     about: np.ndarray
-    radius: float | np.ndarray  # one radius, or one per point (a star)
-    z: float
+    radius: float | np.ndarray
+    z: float | np.ndarray
     angles: np.ndarray
+    level: np.ndarray | None = None
+    over_top: np.ndarray | None = None
 
     def resolve(self, x):
-        c = np.asarray(x, np.float64)[np.asarray(self.about), :2].mean(axis=0)
+        x = np.asarray(x, np.float64)
+        about = np.asarray(self.about)
+        c = x[about, :2].mean(axis=0)
         a = np.asarray(self.angles, np.float64)
         r = np.broadcast_to(np.asarray(self.radius, np.float64), a.shape)
-        return np.stack([c[0] + r * np.cos(a), c[1] + r * np.sin(a),
-                         np.full(len(a), float(self.z))], axis=1)
-
-
-class _Bands(Ring):
-    """A :class:`Ring` whose points have their own heights (``z`` is an (n,) array)."""
-
-    def resolve(self, x):
-        p = Ring(self.about, self.radius, 0.0, self.angles).resolve(x)
-        p[:, 2] = np.asarray(self.z, np.float64)
-        return p
+        z = np.broadcast_to(np.asarray(self.z, np.float64), a.shape)
+        if self.level is not None:
+            z = z + float(x[np.asarray(self.level), 2].mean())
+        if self.over_top is not None:
+            z = z + float(np.max(x[about, 2] + np.asarray(self.over_top, np.float64)))
+        return np.stack([c[0] + r * np.cos(a), c[1] + r * np.sin(a), z], axis=1)
 
 
 @dataclass
 class SupportTrack:
-    """One hand: ½ k ‖xᵢ − targetᵢ(t)‖² on ``index`` while t_on ≤ t < t_off.
+    """One hand: ½ k ‖xᵢ − targetᵢ(t)‖² on ``index`` while t_on ≤ t < t_off; with
+    ``fade_from``, k ramps smoothly to 0 between fade_from and t_off (evaluated at the
+    step's end time, like the targets), so the hand lets go without a jolt.
 
     keys: list of (time s, targets), where targets are an (n, 3) array of fixed positions,
     ``CAPTURE`` (the supported points where they are when the track starts), or an
@@ -342,6 +423,13 @@ class SupportTrack:
     index: np.ndarray
     k: float
     keys: list
+    fade_from: float | None = None  # s: from here k ramps to 0 along a smoothstep ending at t_off
+
+    def stiffness(self, t: float) -> float:
+        """k (N/m) at time t (s) within [t_on, t_off): ``k``, faded out after ``fade_from``."""
+        if self.fade_from is None or t <= self.fade_from:
+            return float(self.k)
+        return float(self.k) * (1.0 - float(smoothstep((t - self.fade_from) / (self.t_off - self.fade_from))))
 
     def needs_capture(self) -> bool:
         return any(isinstance(v, (str, Above, Ring)) for _, v in self.keys)
@@ -487,7 +575,7 @@ class Choreography:
             active = tr.t_on - EPS_T <= t < tr.t_off - EPS_T
             if active:
                 targets.append(_path(self.keyframes(tr.name, t), t_end))
-                ks.append(np.full(n, tr.k))
+                ks.append(np.full(n, tr.stiffness(t_end)))
             else:
                 targets.append(np.zeros((n, 3)))
                 ks.append(np.zeros(n))
@@ -537,84 +625,81 @@ class Choreography:
                 self.captures[name] = v
 
 
-def star_radii(columns: int, inner: float, edge: float) -> np.ndarray:
+def star_outer(columns: int, outer: float, edge: float) -> np.ndarray:
     """Radii of a star of ``columns`` points at angles 2π c / C: even points on the circle
-    of radius ``inner``, odd points out where consecutive points are ``edge`` apart.
-
-    A closed ring of C film edges cannot be gathered onto a circle smaller than its rest
-    perimeter (the film barely compresses in-plane), but it can fold into a star whose
-    sides keep their length: the pleats of a gathered bag.
-    """
+    of radius ``outer``, odd points in where consecutive points are ``edge`` apart (the
+    inner radius is clamped at ``STAR_MIN_INNER`` when ``edge`` is longer than that allows;
+    the extra length then goes into height)."""
     c = np.cos(2 * np.pi / columns)
-    disc = (inner * c) ** 2 - inner ** 2 + edge ** 2
-    if disc <= 0:
-        raise ValueError(f"edge {edge} m is too short for a star around r = {inner} m")
-    r = np.full(columns, float(inner))
-    r[1::2] = inner * c + np.sqrt(disc)
+    disc = edge ** 2 - outer ** 2 * (1.0 - c ** 2)
+    inner = outer * c - np.sqrt(max(disc, 0.0))
+    r = np.full(columns, float(outer))
+    r[1::2] = max(inner, STAR_MIN_INNER)
     return r
 
 
-def _circle(n, r, z, center=(0.0, 0.0), phase=0.0):
-    a = phase + 2 * np.pi * np.arange(n) / n
-    return np.stack([center[0] + r * np.cos(a), center[1] + r * np.sin(a), np.full(n, z)], axis=1)
-
-
 def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, *, gravity=(0, 0, -9.81),
-                      dt: float = DT) -> Choreography:
+                      dt: float = DT, sphere_radius=SPHERE_RADII) -> Choreography:
     """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring)."""
     C = mesh.columns
-    rim = mesh.rim
-    flat_rim = mesh.x[rim] + np.array([0.0, 0.0, FILM_Z0])
+    rim, neck = mesh.rim, mesh.neck
+    spheres = np.asarray(sphere_index)
+    radii = np.asarray(sphere_radius, np.float64)
+    col_angle = 2 * np.pi * np.arange(C) / C
     cx, _ = SET_DOWN
-    # place: all rim points contract onto a circle over the bin and come down to hold it open
+    # place: the rim lowers the pouch into the bin and holds it open there
     place = SupportTrack("place", 0.0, 2.00, rim, 20.0, [
-        (0.0, flat_rim), (0.36, _circle(C, 0.13, 0.20)), (0.72, _circle(C, 0.12, 0.17))])
+        (0.0, CAPTURE), (0.72, Above(rim, rise=-PLACE_LOWER))])
     # lift: two opposing rim points carry the bag out of the bin and set it on the floor
     pair = np.array([rim[0], rim[C // 2]])
     at = lambda x, z: np.array([[x + 0.03, 0.0, z], [x - 0.03, 0.0, z]])
     lift = SupportTrack("lift", 2.00, 4.70, pair, 300.0, [
-        (2.00, CAPTURE), (2.90, at(0.0, 0.40)), (3.70, at(cx, 0.40)), (4.50, at(cx, 0.10))])
-    spheres = np.asarray(sphere_index)
-    rim_edge = 2 * mesh.ring_radius[mesh.rings] * np.sin(np.pi / C)  # rest length of a rim edge
-    col_angle = 2 * np.pi * np.arange(C) / C
-    # unfold (spread the bag and raise its hem): the neck ring is drawn out onto a circle
-    # near its rest radius on the floor around the contents while the rim is drawn onto a
-    # slightly larger, higher circle, so each column's last 30 mm rises outward like the rim
-    # of a dish; then a second pass places each rim point over its own column's neck point,
-    # from where the neck ring actually is at 5.50 s.
-    spread = SPREAD_NECK_RADIUS
-    neck_hand = SupportTrack("spread neck", 4.70, 6.05, mesh.neck, 10.0, [
-        (4.70, CAPTURE), (5.40, Ring(spheres, spread, SPREAD_Z, col_angle))])
-    unfold = SupportTrack("unfold", 4.70, 5.50, rim, 10.0, [
-        (4.70, CAPTURE), (5.40, Ring(spheres, spread + UNFOLD_OUTWARD, SPREAD_Z + UNFOLD_RISE, col_angle))])
-    unfold2 = SupportTrack("unfold2", 5.50, 6.05, rim, 10.0, [
-        (5.50, CAPTURE), (5.90, Above(mesh.neck, rise=UNFOLD_RISE, outward=UNFOLD_OUTWARD, about=spheres))])
-    # gather: the rim closes onto a small circle over the contents
+        (2.00, CAPTURE), (2.90, at(0.0, 0.40)), (3.70, at(cx, 0.40)), (4.50, at(cx, LIFT_SET_Z))])
+    # unfold: the neck ring and the rim back onto their rest circles round the contents,
+    # at the neck ring's height and the rim's rest height over it
+    r_neck, r_rim = mesh.ring_radius[mesh.neck_ring], mesh.ring_radius[mesh.rings]
+    rim_rise = mesh.x[rim[0], 2] - mesh.x[neck[0], 2]
+    neck_hand = SupportTrack("neck", 4.70, 6.05, neck, 10.0, [
+        (4.70, CAPTURE), (5.40, Ring(spheres, r_neck, 0.0, col_angle, level=neck))])
+    unfold = SupportTrack("unfold", 4.70, 6.05, rim, 10.0, [
+        (4.70, CAPTURE), (5.40, Ring(spheres, r_rim, rim_rise, col_angle, level=neck))])
+    # gather: the rim closes into a star over the contents (pleats whose sides keep 0.9 of
+    # a rim edge) at the height where it is at 6.05 s
+    rim_edge = 2 * r_rim * np.sin(np.pi / C)
+    rim_star = star_outer(C, GATHER_OUTER, GATHER_EDGE * rim_edge)
     gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [
-        (6.05, CAPTURE), (7.10, Ring(spheres, star_radii(C, 0.025, GATHER_EDGE * rim_edge), GATHER_Z, col_angle))])
-    five = (np.arange(5) * C / 5).round().astype(int) % C
-    flap = SupportTrack("flap", 7.40, T_RELEASE, rim[five], 50.0, [
-        (7.40, CAPTURE), (8.75, CAPTURE), (T_RELEASE, Ring(spheres, 0.035, FLAP_LOWERED_Z, col_angle[five]))])
-    cols = np.arange(0, C, 2)
-    neck, lower = mesh.neck_ring, mesh.neck_ring - 1
-    band_gap = mesh.ring_radius[neck] - mesh.ring_radius[lower]
-    z_neck = NECK_Z
-    band_a = ring_index(neck, cols, C)
-    band_b = ring_index(lower, cols, C)
-    ang = np.concatenate([col_angle[cols], col_angle[cols]])
-    z_band = np.concatenate([np.full(len(cols), z_neck), np.full(len(cols), z_neck - 0.6 * band_gap)])
-    cinch = SupportTrack("cinch", 7.40, T_RELEASE, np.concatenate([band_a, band_b]), 50.0, [
-        (7.40, CAPTURE), (8.40, _Bands(spheres, 0.015, z_band, ang))])
-    m = len(cols)
-    within = [(band[i], band[(i + 1) % m]) for band in (band_a, band_b) for i in range(m)]
-    between = [(band_a[i], band_b[i]) for i in range(m)]
-    chord = 2 * 0.012 * np.sin(np.pi / m)
-    tie = TieTrack("tie", 8.40, 8.75, np.asarray(within + between, np.int32), TIE_K,
-                   np.concatenate([np.full(len(within), chord), np.full(m, 0.6 * band_gap)]))
-    sphere_index = spheres
-    drops = 0.89 + np.arange(len(sphere_index)) * (1.60 - 0.89) / max(len(sphere_index) - 1, 1)
-    return Choreography(n_particles=n_particles, dt=dt, tracks=[place, lift, neck_hand, unfold, unfold2, gather, flap, cinch],
-                        tie=tie, sphere_index=sphere_index, sphere_mass=np.asarray(sphere_mass, float),
+        (6.05, CAPTURE), (7.10, Ring(spheres, rim_star, 0.0, col_angle, level=rim))])
+    # cinch: every point of the two neck bands into a star round the contents' axis
+    lower = mesh.neck_ring - 1
+    band_a, band_b = neck, ring_index(lower, np.arange(C), C)
+    band_gap = float(np.linalg.norm(mesh.x[band_a[0]] - mesh.x[band_b[0]]))
+    edge_a = 2 * r_neck * np.sin(np.pi / C)
+    edge_b = 2 * mesh.ring_radius[lower] * np.sin(np.pi / C)
+    star_a = star_outer(C, CINCH_OUTER, CINCH_EDGE * edge_a)
+    star_b = star_outer(C, CINCH_OUTER, CINCH_EDGE * edge_b)
+    z_b = CINCH_OVER_TOP - CINCH_BAND * band_gap
+    cinch = SupportTrack("cinch", 7.40, T_RELEASE, np.concatenate([band_a, band_b]), CINCH_K, [
+        (7.40, CAPTURE), (8.40, Ring(spheres, np.concatenate([star_a, star_b]),
+                                     np.concatenate([np.full(C, CINCH_OVER_TOP), np.full(C, z_b)]),
+                                     np.concatenate([col_angle, col_angle]), over_top=radii))],
+        fade_from=FADE_FROM)
+    # flap: the rim follows the neck down, FLAP_RISE over the cinched neck band, and is let
+    # go with the cinch
+    flap = SupportTrack("flap", 7.40, T_RELEASE, rim, FLAP_K, [
+        (7.40, CAPTURE), (8.40, Ring(spheres, rim_star, CINCH_OVER_TOP + FLAP_RISE, col_angle, over_top=radii))],
+        fade_from=FADE_FROM)
+    # tie: each band's points to the points two columns on (a loop through the pleats'
+    # outer folds and one through their inner folds), and the bands to each other
+    nxt = (np.arange(C) + 2) % C
+    within = [(band[i], band[nxt[i]]) for band in (band_a, band_b) for i in range(C)]
+    between = [(band_a[i], band_b[i]) for i in range(C)]
+    chord = lambda r: 2 * r * np.sin(2 * np.pi / C)
+    target = np.concatenate([chord(star_a), chord(star_b), np.full(C, CINCH_BAND * band_gap)])
+    tie = TieTrack("tie", 8.40, 8.75, np.asarray(within + between, np.int32), TIE_K, target)
+    drops = 0.89 + np.arange(len(spheres)) * (1.60 - 0.89) / max(len(spheres) - 1, 1)
+    return Choreography(n_particles=n_particles, dt=dt,
+                        tracks=[place, lift, neck_hand, unfold, gather, flap, cinch],
+                        tie=tie, sphere_index=spheres, sphere_mass=np.asarray(sphere_mass, float),
                         drop_times=drops, gravity=np.asarray(gravity, float))
 
 
@@ -637,7 +722,7 @@ class BagScene(ByName):
     params: Params               # material parameters (the film defaults unless given)
     config: Config               # solver settings
     dt: float                    # timestep, s
-    mesh: BagMesh                # the film's disk mesh
+    mesh: BagMesh                # the film's mesh (the pouch of pouch_mesh)
     faces: np.ndarray            # (F, 3) film triangles (= mesh.triangles)
     film: np.ndarray             # (N_f,) film particles
     rim: np.ndarray              # (C,) rim ring
@@ -667,9 +752,9 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {sorted(RESOLUTIONS)}; got {resolution!r}")
     R, C = RESOLUTIONS[resolution]
-    mesh = bag_mesh(rings or R, columns or C)
+    mesh = pouch_mesh(rings or R, columns or C)
     nf = len(mesh.x)
-    film_x = mesh.x + np.array([0.0, 0.0, FILM_Z0])
+    film_x = mesh.x + np.array([0.0, 0.0, POUCH_Z0])
     areal = FILM_THICKNESS * FILM_DENSITY
     film_m = lumped_mass(mesh.x, mesh.triangles, areal)
     radii = np.asarray(SPHERE_RADII)
@@ -686,12 +771,13 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     obstacles = np.concatenate([bt + nf + n_s, ft + nf + n_s + n_b]).astype(np.int32)
     model = build_model(x, mesh.triangles, mass, obstacle_triangles=obstacles,
                         fixed=fixed, radius=radius)
-    # build_model takes its rest shape from x; the flat disk at z = FILM_Z0 is congruent to the mesh.
+    # build_model takes its rest shape from x; the pouch lifted by POUCH_Z0 is congruent to the mesh.
     params = Params.film_defaults() if params is None else check_params(params)
     config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150,
                     linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)
-    choreo = make_choreography(mesh, n, spheres, sph_m, gravity=np.asarray(params.gravity), dt=DT)
+    choreo = make_choreography(mesh, n, spheres, sph_m, gravity=np.asarray(params.gravity), dt=DT,
+                               sphere_radius=radii)
     return BagScene(
         model=model, x=x, params=params, config=config, dt=DT, mesh=mesh, faces=mesh.triangles,
         film=np.arange(nf), rim=mesh.rim, neck=mesh.neck, spheres=spheres, sphere_radius=radii,

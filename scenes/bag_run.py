@@ -128,7 +128,9 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
 
     Writes ``trajectory.npz``, ``state.npz`` (for ``resume``; both also every
     ``checkpoint_every`` steps and on Ctrl-C), ``summary.json`` and, as asked, meshes,
-    the time-series plot and phase snapshots, to ``options.out``.
+    the time-series plot and phase snapshots, to ``options.out``; and, as the run passes
+    them, the states at the start of the cinch and of the tie (``state_cinch.npz``,
+    ``state_tie.npz``; :data:`scenes.bag.CHECKPOINTS`), from which fits and tests resume.
 
     Raises:
         FileNotFoundError, ValueError, OSError: a bad resume state, an ``out`` holding a
@@ -136,11 +138,11 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             ``out``; all before any step is taken.
     """
     from ipcjax import step as ipc_step
-    from scenes.bag import UnfoldIncomplete, bag_scene, check_unfolded
+    from scenes.bag import CHECKPOINTS, UnfoldIncomplete, bag_scene, check_unfolded
 
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver)
     choreo, dt = sc.choreography, sc.dt
-    t_unfold_end = choreo.track("unfold2").t_off
+    t_unfold_end = choreo.track("unfold").t_off
 
     step_index, unfold_checked = 0, False
     if options.resume:
@@ -163,9 +165,11 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     if not frames.time or frames.time[-1] < float(state.t) - EPS_T:
         frames.add(state.x, float(state.t))
 
-    def write():
-        runfolder.write_trajectory(traj_path, frames.trajectory())
-        runfolder.write_state(state_path, state.x, state.v, state.t, step=step_index,
+    def write(state_file=None):
+        """trajectory.npz and state.npz; or only the state, to ``state_file``."""
+        if state_file is None:
+            runfolder.write_trajectory(traj_path, frames.trajectory())
+        runfolder.write_state(state_file or state_path, state.x, state.v, state.t, step=step_index,
                               unfold_checked=unfold_checked, resolution=options.resolution,
                               captures=choreo.captures_npz())
 
@@ -180,6 +184,9 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         phase = choreo.phase_at(t)
         x_now = np.asarray(state.x)
         choreo.observe(t, x_now)
+        for name, t_mark in CHECKPOINTS.items():
+            if abs(t - t_mark) < EPS_T and step_index < n_total:
+                write(os.path.join(options.out, f"state_{name}.npz"))
         if not unfold_checked and t >= t_unfold_end - EPS_T:
             try:
                 check_unfolded(x_now, sc.mesh)

@@ -50,6 +50,29 @@ def test_coarse_mesh_counts():
     assert area.min() > 1e-5 and np.all(n[:, 2] > 0)
 
 
+def test_pouch_mesh_lies_on_its_sphere_with_the_spec_counts_and_column_sum():
+    for rings, columns in ((15, 32), (7, 12)):
+        mesh = B.pouch_mesh(rings, columns)
+        flat = B.bag_mesh(rings, columns)
+        assert np.array_equal(mesh.triangles, flat.triangles)  # the same disk topology
+        assert np.array_equal(mesh.rim, flat.rim) and np.array_equal(mesh.neck, flat.neck)
+        np.testing.assert_allclose(_column_lengths(mesh), 0.030, rtol=0, atol=1e-12)
+        a = B.POUCH_RADIUS
+        centre = np.array([0.0, 0.0, a])  # vertex 0, the bottom pole, is at the origin
+        np.testing.assert_allclose(np.linalg.norm(mesh.x - centre, axis=1), a, atol=1e-12)
+        polar = np.arccos(np.clip((a - mesh.x[:, 2]) / a, -1, 1))
+        assert polar[mesh.rim] == pytest.approx(B.POUCH_RIM_POLAR, abs=1e-12)
+        np.testing.assert_allclose(mesh.ring_radius[mesh.neck_ring], np.linalg.norm(mesh.x[mesh.neck, :2], axis=1))
+        area, _ = _areas_and_normals(mesh)
+        assert area.min() > 1e-6
+    mesh = B.pouch_mesh()
+    # the mouth takes a 52 mm sphere; the neck ring is shorter than the flat disk's
+    assert 2 * mesh.ring_radius[-1] > 2 * 0.026 + 0.008
+    assert mesh.x[mesh.rim[0], 2] > mesh.x[mesh.neck[0], 2]  # the rim rises over the neck
+    with pytest.raises(ValueError, match="polar angle"):
+        B.pouch_mesh(rim_polar=0.1)
+
+
 def test_bad_mesh_arguments_are_rejected():
     with pytest.raises(ValueError, match="rings ≥ 2"):
         B.bag_mesh(rings=1)
@@ -137,7 +160,10 @@ def test_supports_ties_gravity_and_tolerance_schedule():
     k_support = np.array([float(np.max(at(i * dt).support_k)) for i in steps])
     t = steps * dt
     assert np.all(k_support[t >= 9.40 - 1e-9] == 0)      # released at 9.40 s
-    assert np.all(k_support[t < 9.40 - 1e-9] > 0)         # some hand holds the film until then
+    assert np.all(k_support[t < B.FADE_FROM - 1e-9] > 0)  # some hand holds the film until the fade
+    fade = (t >= B.FADE_FROM - dt - 1e-9) & (t < 9.40 - 1e-9)
+    assert np.all(np.diff(k_support[fade]) < 0) and k_support[fade][-1] == 0  # k falls to 0 smoothly
+    assert np.max(np.diff(k_support[fade])) > -0.05 * B.CINCH_K               # no step lets go at once
     tie_on = np.array([float(np.max(at(i * dt).tie_k)) for i in steps])
     assert np.all(tie_on[t < 8.40 - 1e-9] == 0) and np.all(tie_on[t >= 8.40 - 1e-9] == 250.0)
     # tie lengths: captured at 8.40, at target (never lengthened) by 8.75
@@ -161,7 +187,7 @@ def test_supports_ties_gravity_and_tolerance_schedule():
 def test_grabbing_tracks_start_where_the_film_is_and_need_a_capture():
     sc = B.bag_scene("coarse")
     ch = sc.choreography
-    with pytest.raises(RuntimeError, match="'spread neck'.*observe"):
+    with pytest.raises(RuntimeError, match="'neck'.*observe"):
         ch.controls_at(0, 4.80)
     x = sc.x.copy()
     x[sc.rim] += np.array([0.3, 0.0, -0.1])  # wherever the rim happens to be at 4.70 s
@@ -232,41 +258,43 @@ def test_min_film_sphere_gap_on_built_positions():
 def test_relative_keyframes_follow_where_the_film_is_when_the_track_starts():
     sc = B.bag_scene("coarse")
     ch, mesh = sc.choreography, sc.mesh
+    C = mesh.columns
+    ang = 2 * np.pi * np.arange(C) / C
     x = sc.x.copy()
-    shift = np.array([0.37, -0.02, -0.05])
-    x[sc.film] += shift                    # the bag lies somewhere else
-    x[sc.spheres] = shift + np.array([0.0, 0.0, 0.05])  # contents centred under the bag's axis
+    shift = np.array([0.37, -0.02, -0.01])
+    x[sc.film] += shift                                  # the bag stands somewhere else
+    x[sc.spheres] = shift + np.array([0.004, 0.0, 0.05])  # contents a little off its axis
+    centre = x[sc.spheres, :2].mean(axis=0)
+    neck_z = x[mesh.neck, 2].mean()
     ch.observe(4.70, x)
     keys = ch.keyframes("unfold")
     np.testing.assert_allclose(keys[0][1], x[sc.rim])  # grabs the rim where it lies
-    # spreading: neck and rim circles centred over the contents, each column at its own angle
-    neck_goal, rim_goal = ch.keyframes("spread neck")[-1][1], keys[-1][1]
-    ang = 2 * np.pi * np.arange(mesh.columns) / mesh.columns
-    np.testing.assert_allclose(neck_goal[:, :2] - shift[:2], B.SPREAD_NECK_RADIUS * np.stack(
-        [np.cos(ang), np.sin(ang)], 1), atol=1e-12)
-    np.testing.assert_allclose(np.linalg.norm(rim_goal[:, :2] - shift[:2], axis=1),
-                               B.SPREAD_NECK_RADIUS + B.UNFOLD_OUTWARD, atol=1e-12)
-    np.testing.assert_allclose(rim_goal[:, 2] - neck_goal[:, 2], B.UNFOLD_RISE, atol=1e-12)
-    # second pass: each rim target sits UNFOLD_RISE over its own column's neck point where
-    # the neck lies at 5.50 s, UNFOLD_OUTWARD further out from the contents
-    x1 = x.copy()
-    x1[mesh.neck] += np.array([0.01, 0.0, 0.002])
-    ch.observe(5.50, x1)
-    goal, neck = ch.keyframes("unfold2")[-1][1], x1[mesh.neck]
-    np.testing.assert_allclose(goal[:, 2] - neck[:, 2], B.UNFOLD_RISE, atol=1e-12)
-    out = np.linalg.norm(goal[:, :2] - shift[:2], axis=1) - np.linalg.norm(neck[:, :2] - shift[:2], axis=1)
-    np.testing.assert_allclose(out, B.UNFOLD_OUTWARD, atol=1e-12)
-    # gather / cinch circles are centred over the contents as they lie when the track starts
+    # unfold: neck ring and rim onto their rest circles round the contents, the neck at its
+    # own height, the rim its rest height over it
+    neck_goal, rim_goal = ch.keyframes("neck")[-1][1], keys[-1][1]
+    circle = lambda r: centre + r * np.stack([np.cos(ang), np.sin(ang)], 1)
+    np.testing.assert_allclose(neck_goal[:, :2], circle(mesh.ring_radius[mesh.neck_ring]), atol=1e-12)
+    np.testing.assert_allclose(rim_goal[:, :2], circle(mesh.ring_radius[mesh.rings]), atol=1e-12)
+    np.testing.assert_allclose(neck_goal[:, 2], neck_z, atol=1e-12)
+    rest_rise = mesh.x[mesh.rim[0], 2] - mesh.x[mesh.neck[0], 2]
+    np.testing.assert_allclose(rim_goal[:, 2] - neck_goal[:, 2], rest_rise, atol=1e-12)
+    # gather / cinch stars are centred over the contents as they lie when the track starts,
+    # the cinched neck band at a set height over the contents' top
     x2 = x.copy()
     x2[sc.spheres] += np.array([0.01, 0.02, 0.0])
+    x2[mesh.neck, 2] += 0.004
+    centre2 = x2[sc.spheres, :2].mean(axis=0)
     ch.observe(7.40, x2)
     cinch = ch.keyframes("cinch")[-1][1]
-    centre = x2[sc.spheres, :2].mean(axis=0)
-    np.testing.assert_allclose(np.linalg.norm(cinch[:, :2] - centre, axis=1), 0.015, atol=1e-12)
+    r = np.linalg.norm(cinch[:, :2] - centre2, axis=1)
+    np.testing.assert_allclose(r[:C][::2], B.CINCH_OUTER, atol=1e-12)  # outer folds
+    assert np.all(r[:C][1::2] < B.CINCH_OUTER) and np.all(r[:C][1::2] >= B.STAR_MIN_INNER)
+    top = np.max(x2[sc.spheres, 2] + sc.sphere_radius)  # the contents' top at 7.40 s
+    np.testing.assert_allclose(cinch[:C, 2], top + B.CINCH_OVER_TOP, atol=1e-12)
+    assert np.all(cinch[C:, 2] < cinch[:C, 2])  # the lower band below the neck band
     flap = ch.keyframes("flap")
     np.testing.assert_allclose(flap[0][1], x2[ch.track("flap").index])  # grabs the rim where it is
-    np.testing.assert_allclose(flap[1][1], flap[0][1])                    # and holds it to 8.75 s
-    np.testing.assert_allclose(np.linalg.norm(flap[-1][1][:, :2] - centre, axis=1), 0.035, atol=1e-12)
+    np.testing.assert_allclose(flap[-1][1][:, 2] - cinch[:C, 2], B.FLAP_RISE, atol=1e-12)  # over the neck
 
 
 def test_loading_captures_of_the_wrong_shape_is_refused(tmp_path):
@@ -279,19 +307,26 @@ def test_loading_captures_of_the_wrong_shape_is_refused(tmp_path):
     np.savez(tmp_path / "ok.npz", **ch.captures_npz())
     ch2 = B.bag_scene("coarse")["choreography"]
     ch2.load_captures(np.load(tmp_path / "ok.npz"))
-    for name in ("unfold", "unfold2", "spread neck", "gather", "cinch"):
+    for name in ("neck", "unfold", "gather", "cinch", "flap"):
         np.testing.assert_allclose(ch2.keyframes(name)[-1][1], ch.keyframes(name)[-1][1])
 
 
-def test_gather_star_keeps_rim_edges_near_rest_length():
+def test_stars_keep_their_sides_at_the_asked_length():
     for C in (12, 32):
-        mesh = B.bag_mesh(rings=7 if C == 12 else 15, columns=C)
-        edge = 2 * mesh.ring_radius[-1] * np.sin(np.pi / C)
-        r = B.star_radii(C, 0.025, 0.9 * edge)
-        a = 2 * np.pi * np.arange(C) / C
-        p = np.stack([r * np.cos(a), r * np.sin(a)], 1)
-        d = np.linalg.norm(p - np.roll(p, -1, axis=0), axis=1)
-        np.testing.assert_allclose(d, 0.9 * edge, rtol=1e-12)
-        assert np.all(r[::2] == 0.025) and np.all(r[1::2] > 0.025)
-    with pytest.raises(ValueError, match="too short for a star"):
-        B.star_radii(12, 0.1, 0.01)
+        mesh = B.pouch_mesh(rings=7 if C == 12 else 15, columns=C)
+        for ring, outer, frac in ((mesh.rings, B.GATHER_OUTER, B.GATHER_EDGE),
+                                  (mesh.neck_ring, B.CINCH_OUTER, B.CINCH_EDGE)):
+            edge = frac * 2 * mesh.ring_radius[ring] * np.sin(np.pi / C)
+            r = B.star_outer(C, outer, edge)
+            a = 2 * np.pi * np.arange(C) / C
+            p = np.stack([r * np.cos(a), r * np.sin(a)], 1)
+            d = np.linalg.norm(p - np.roll(p, -1, axis=0), axis=1)
+            assert np.all(r[::2] == outer) and np.all(r[1::2] < outer)
+            if r[1] > B.STAR_MIN_INNER:  # reachable in the plane: the sides have the asked length
+                np.testing.assert_allclose(d, edge, rtol=1e-12)
+            else:                        # clamped: shorter in the plane, the rest goes into height
+                assert np.all(d < edge)
+    # the full bag's stars are reachable in the plane
+    mesh = B.pouch_mesh()
+    assert B.star_outer(32, B.CINCH_OUTER, B.CINCH_EDGE * 2 * mesh.ring_radius[mesh.neck_ring]
+                        * np.sin(np.pi / 32))[1] > B.STAR_MIN_INNER
