@@ -53,7 +53,7 @@ def _drape(argv):
 
 def _bag(argv):
     ap = argparse.ArgumentParser(prog="ipcjax bag", description=(
-        "The bag experiment (docs/spec.md §5): place a 30 µm disk bag over a bin, drop seven spheres, carry "
+        "The bag experiment (docs/spec.md §5): lower a 30 µm pouch bag into a bin, drop seven spheres, carry "
         "the bag to the floor, unfold, gather, cinch, tie and release. Writes trajectory.npz, "
         "state.npz (for --resume) and summary.json (measurements and self-intersection audit) to --out."))
     ap.add_argument("--until", type=float, default=10.5, help="simulated end time in s (default 10.5)")

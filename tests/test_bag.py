@@ -116,6 +116,7 @@ def test_spec_two_step_bag_check_full_resolution():
     m, ch = sc.model, sc.choreography
     assert sc.config.membrane == "neo_hookean"
     assert len(sc.spheres) == 7 and len(sc.bin) > 0 and len(sc.floor) > 0
+    ch.observe(0.0, sc.x)  # the place hands grab the rim where it starts
     frames, times, reps = simulate(m, sc.params, make_state(sc.x), ch.controls_at, 2, dt=sc.dt, config=sc.config)
     film, spheres, faces = frames[:, sc.film], frames[:, sc.spheres], sc.faces
     assert film.shape == (3, 481, 3) and spheres.shape == (3, 7, 3) and faces.shape == (928, 3)
