@@ -54,8 +54,9 @@ per particle (N/m), keyframes (time, targets) and optionally a fade. A keyframe'
 are an (n, 3) array; ``CAPTURE``, the supported points' positions when the track starts
 (a hand grabs the film where it is); :class:`Above`, points over other particles'
 positions at the start; or :class:`Ring`, a circle or star centred over the contents'
-xy centroid at the start, at a height measured from the floor or (``over_top``) from the
-contents' top, the highest sphere surface at the start. :meth:`Choreography.observe`
+xy centroid at the start, at a height measured from the floor, from the mean height of
+given particles (``level``) or from the contents' top, the highest sphere surface
+(``over_top``), all at the start. :meth:`Choreography.observe`
 records the positions when a track starts, so every path after the carry is placed
 relative to where the bag and its contents actually are. Between keyframes targets
 move along a smoothstep (zero velocity at each keyframe). A faded track's stiffness
