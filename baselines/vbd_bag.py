@@ -7,7 +7,7 @@ Warp's CPU device), steps it with ``SolverVBD`` and writes the same ``trajectory
 
 Mapping of the IPC scene onto VBD (docs/vbd.md has the reasoning)
 -----------------------------------------------------------------
-* **Film**: the same mesh, vertex order and flat reference shape (particles [0, N_f)),
+* **Film**: the same mesh, vertex order and reference shape, the round pouch (particles [0, N_f)),
   ``add_cloth_mesh`` with areal density 0.02775 kg/m² (same lumped masses). Newton 1.8's
   VBD membrane is the stable Neo-Hookean of Smith et al. 2018 with ``tri_ke`` = μ and
   ``tri_ka`` = λ, Lamé coefficients per unit reference area (N/m): the plane-stress values
@@ -187,8 +187,10 @@ class VbdBag(ByName):
     film_mass: np.ndarray        # (n_film,) kg
 
 
-def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, device: str = "cpu") -> VbdBag:
-    """Newton model, solver and state of the bag scene, as a :class:`VbdBag`."""
+def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, device: str = "cpu",
+                  protocol: str = "full") -> VbdBag:
+    """Newton model, solver and state of the bag scene (the ``protocol`` choreography of
+    :func:`scenes.bag.bag_scene`), as a :class:`VbdBag`."""
     import warp as wp
 
     wp.config.quiet = True                 # no start-up banner
@@ -197,7 +199,7 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
     from scenes.bag import BIN_HALF, BIN_HEIGHT, bag_scene
     from scenes.film import FILM_DENSITY, FILM_THICKNESS
 
-    sc = bag_scene(resolution)
+    sc = bag_scene(resolution, protocol=protocol)
     params, ch = sc.params, sc.choreography
     mat = material(params)
     film, faces = sc.film, np.asarray(sc.faces, np.int64)
@@ -220,14 +222,15 @@ def build_vbd_bag(resolution: str = "coarse", *, iterations: int = ITERATIONS, d
     builder.edge_bending_properties = [(float(k), 0.0) for k in edge_ke]
 
     # supports: one kinematic anchor per film particle that any support slot drives
-    ctl0 = ch.controls_at(0, 0.0)  # the slot layout is fixed over the run
-    anchored = np.unique(np.asarray(ctl0.support_index))
+    # the slot layout is fixed over the run (read from the schedule itself: its first
+    # controls need the place hands' grab positions, which only the run observes)
+    anchored = np.unique(ch.support_index)
     anchor = np.arange(builder.particle_count, builder.particle_count + len(anchored))
     for p in anchored:
         builder.add_particle(wp.vec3(*film_x[p]), wp.vec3(0.0, 0.0, 0.0), 0.0, radius=0.0, flags=0)
     for p, a in zip(anchored, anchor):
         builder.add_spring(int(p), int(a), 0.0, 0.0, 0.0)
-    tie_pairs = np.asarray(ctl0.tie_pairs, np.int64).reshape(-1, 2)
+    tie_pairs = np.asarray(ch.tie.pairs, np.int64).reshape(-1, 2)
     for i, j in tie_pairs:
         builder.add_spring(int(i), int(j), 0.0, 0.0, 0.0)
     builder.spring_rest_length = [0.0] * len(builder.spring_rest_length)
@@ -309,13 +312,16 @@ def frame_problem(film, spheres, film_v):
 
 
 def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd", *, save_every: int = 1,
-            iterations: int = ITERATIONS, progress: bool = True, checkpoint_every: int = 24) -> dict:
+            iterations: int = ITERATIONS, progress: bool = True, checkpoint_every: int = 24,
+            protocol: str = "full") -> dict:
     """Run the bag on Newton VBD and write trajectory.npz + summary.json to ``out``.
 
     Args:
         resolution: "coarse" (85 film vertices) or "full" (481). until: end time, s.
         out: run folder. save_every: keep every n-th 1/240 s frame. iterations: VBD
             iterations per substep. checkpoint_every: rewrite trajectory.npz every n frames.
+        protocol: the choreography, "full" or "short" (:data:`scenes.bag.PROTOCOLS`), the
+            same one ``ipcjax bag --protocol`` runs.
     Returns:
         The summary dict (also written to ``out/summary.json``). A non-finite or blown-up
         frame stops the run; ``failure`` names its time and reason and what was written is kept.
@@ -327,7 +333,7 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
         raise ValueError(f"save_every must be ≥ 1; got {save_every}")
     os.makedirs(out, exist_ok=True)
     t_build = time.perf_counter()
-    v = build_vbd_bag(resolution, iterations=iterations)
+    v = build_vbd_bag(resolution, iterations=iterations, protocol=protocol)
     build_s = time.perf_counter() - t_build
     sc, model, solver, control = v.sc, v.model, v.solver, v.control
     s0, s1 = v.state_0, v.state_1
@@ -431,7 +437,7 @@ def run_vbd(resolution: str = "coarse", until: float = 0.5, out: str = "runs/vbd
     done = frame if failure is None else frame - 1
     summary = dict(
         solver="newton-vbd", newton_version=_version("newton"), warp_version=_version("warp"),
-        device=str(model.device), resolution=resolution, frames_this_run=done,
+        device=str(model.device), resolution=resolution, protocol=protocol, frames_this_run=done,
         simulated_s=done * FRAME_DT, wall_s=wall, build_s=build_s,
         steps_per_s=done / wall if wall > 0 else None,
         substeps_per_s=SUBSTEPS * done / wall if wall > 0 else None,
@@ -471,12 +477,15 @@ def main(argv=None) -> int:
         "summary.json in ipcjax's format to --out; `ipcjax compare --ipc DIR --vbd DIR` puts it "
         "beside an `ipcjax bag` run."))
     ap.add_argument("--resolution", choices=["coarse", "full"], default="coarse")
+    ap.add_argument("--protocol", choices=["full", "short"], default="full",
+                    help="the choreography (scenes.bag.PROTOCOLS), as `ipcjax bag --protocol`")
     ap.add_argument("--until", type=float, default=0.5, help="simulated end time, s (default 0.5)")
     ap.add_argument("--out", default="runs/vbd")
     ap.add_argument("--save-every", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=ITERATIONS)
     args = ap.parse_args(argv)
-    summary = run_vbd(args.resolution, args.until, args.out, save_every=args.save_every, iterations=args.iterations)
+    summary = run_vbd(args.resolution, args.until, args.out, save_every=args.save_every, iterations=args.iterations,
+                      protocol=args.protocol)
     print(runfolder.dumps({k: summary[k] for k in ("simulated_s", "wall_s", "steps_per_s", "failure", "audit",
                                                     "measurements")}))
     return 1 if summary["failure"] else 0

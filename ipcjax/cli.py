@@ -22,8 +22,9 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _positive(flag: str, value: float) -> None:
-    _check(np.isfinite(value) and value > 0, f"{flag} must be a finite number > 0; got {value}")
+def _positive(flag: str, value: float | None) -> None:
+    """Refuse a value that is not finite and > 0; None (a flag left at its default) passes."""
+    _check(value is None or (np.isfinite(value) and value > 0), f"{flag} must be a finite number > 0; got {value}")
 
 
 def _drape(argv):
@@ -56,14 +57,15 @@ def _bag(argv):
         "The bag experiment (docs/spec.md §5): lower a 30 µm pouch bag into a bin, drop seven spheres, carry "
         "the bag to the floor, unfold, gather, cinch, tie and release. Writes trajectory.npz, "
         "state.npz (for --resume) and summary.json (measurements and self-intersection audit) to --out."))
-    ap.add_argument("--until", type=float, default=10.5, help="simulated end time in s (default 10.5)")
+    ap.add_argument("--protocol", choices=["full", "short"], default="full", help="full: released at 9.40 s, end "
+                    "10.50 s; short: the earlier protocol, released at 7.35 s, end 8.45 s (docs/spec.md §5)")
+    ap.add_argument("--until", type=float, help="simulated end time in s (default: the protocol's end)")
     ap.add_argument("--save-every", type=int, default=1, help="save every n-th step's frame (default 1)")
     ap.add_argument("--resolution", choices=["full", "coarse"], default="full",
                     help="full: 15 rings × 32 columns (481 vertices); coarse: 7 × 12 (85)")
     ap.add_argument("--out", default="runs/bag", help="run folder (default runs/bag)")
     ap.add_argument("--resume", default=None, help="state .npz written by an earlier run (its state.npz)")
-    ap.add_argument("--checkpoint-every", type=int, default=120,
-                    help="rewrite trajectory.npz and state.npz every n steps (default 120)")
+    ap.add_argument("--checkpoint-every", type=int, default=120, help="rewrite trajectory.npz, state.npz every n steps")
     ap.add_argument("--mesh-every", type=int, default=24,
                     help="write every n-th saved frame as .vtu/.obj under meshes/ (default 24; 0: none)")
     ap.add_argument("--no-pictures", action="store_true",
@@ -75,7 +77,6 @@ def _bag(argv):
     _check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
     _check(args.checkpoint_every >= 1, f"--checkpoint-every must be ≥ 1; got {args.checkpoint_every}")
     _check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
-
     from scenes.bag_run import BagRunOptions, run_bag
     no_pictures = vars(args).pop("no_pictures")
     result = run_bag(BagRunOptions(**vars(args), pictures=not no_pictures))
@@ -152,28 +153,27 @@ def _compare(argv):
         "needs pip install -e '.[newton]'). Writes comparison.md, comparison.json and comparison.png to --out."))
     ap.add_argument("--ipc", default=None, help="run folder of `ipcjax bag`")
     ap.add_argument("--vbd", default=None, help="run folder of `python -m baselines.vbd_bag`")
-    ap.add_argument("--run", action="store_true", help="run both solvers now (into --out/ipc and --out/vbd)")
-    ap.add_argument("--resolution", choices=["full", "coarse"], default="coarse", help="with --run (default coarse)")
-    ap.add_argument("--until", type=float, default=0.5, help="with --run: simulated end time, s (default 0.5)")
-    ap.add_argument("--at", type=float, default=None,
-                    help="compare at this instant, s (default: the latest time both runs reached)")
+    ap.add_argument("--run", action="store_true", help="run both now (into --out/ipc and --out/vbd)")
+    ap.add_argument("--protocol", choices=["full", "short"], help="with --run: both solvers run it to its end, full "
+                    "resolution by default (without it: a 0.5 s coarse smoke run)")
+    ap.add_argument("--resolution", choices=["full", "coarse"], help="with --run (default coarse)")
+    ap.add_argument("--until", type=float, help="with --run: simulated end time, s (default 0.5)")
+    ap.add_argument("--at", type=float, default=None, help="compare at this instant, s (default: the last both reached)")
     ap.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse",
-                    help="with --run: the IPC run's Newton linear solve (default sparse)")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse", help="with --run: IPC's solve")
     args = ap.parse_args(argv)
     if args.run == bool(args.ipc or args.vbd) or (not args.run and not (args.ipc and args.vbd)):
         ap.error("give either --run or both --ipc and --vbd")
+    _check(args.protocol is None or args.run,
+           "--protocol chooses what --run runs; the protocol of --ipc/--vbd folders is in their summary.json")
     _positive("--until", args.until)
     _check(args.at is None or (np.isfinite(args.at) and args.at >= 0),
            f"--at must be a finite time ≥ 0 s; got {args.at}")
     for flag, folder in (("--ipc", args.ipc), ("--vbd", args.vbd)):
         _check(folder is None or os.path.isdir(folder), f"{flag} {folder}: no such folder")
     runfolder.prepare(args.out)
-
-    from scenes.bag_run import BagRunOptions
-    from scenes.compare import compare_job
-    run = BagRunOptions(until=args.until, resolution=args.resolution, mesh_every=0, pictures=False,
-                        linear_solver=args.linear_solver) if args.run else None
+    from scenes.compare import compare_job, run_options
+    run = run_options(args.protocol, args.resolution, args.until, args.linear_solver) if args.run else None
     data = compare_job(args.out, ipc=args.ipc, vbd=args.vbd, at=args.at, run=run)  # errors: see main
     print("\n".join([data["table"], *data["notes"],
                      f"wrote {os.path.join(args.out, 'comparison.md')}, comparison.json, comparison.png"]))

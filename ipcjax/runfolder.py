@@ -168,13 +168,15 @@ STATE_KEYS = ("x", "v", "t", "step", "unfold_checked", "resolution")  # besides 
 
 
 def write_state(path, x, v, t: float, *, step: int, unfold_checked: bool, resolution: str,
-                captures: dict) -> None:
+                captures: dict, protocol: str = "full") -> None:
     """Write the state ``ipcjax bag --resume`` continues from: positions ``x`` and
     velocities ``v`` (N, 3) in m and m/s, time ``t`` in s, the step index, whether the
-    unfold check has passed, the scene resolution, and ``captures`` ({``capture_NAME``:
-    array}, the choreography's recorded grab positions and tie lengths)."""
+    unfold check has passed, the scene resolution, the protocol (``--protocol``) and
+    ``captures`` ({``capture_NAME``: array}, the choreography's recorded grab positions and
+    tie lengths)."""
     np.savez(path, x=np.asarray(x), v=np.asarray(v), t=float(t), step=int(step),
-             unfold_checked=bool(unfold_checked), resolution=str(resolution), **captures)
+             unfold_checked=bool(unfold_checked), resolution=str(resolution), protocol=str(protocol),
+             **captures)
 
 
 def read_state(path, n_particles: int, resolution: str | None = None, what: str = "--resume") -> Arrays:

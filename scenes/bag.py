@@ -169,17 +169,54 @@ FLAP_RISE = 0.026           # m: ... hold the rim this far over the cinched neck
 STAR_MIN_INNER = 0.004      # m: innermost fold radius allowed in a star
 FADE_FROM = 9.00            # s: cinch and flap hands fade out from here to T_RELEASE
 MIN_LENGTH = 1e-12  # m: a horizontal offset shorter than this has no direction (no outward move)
-# States a bag run writes as it passes these times (scenes.bag_run.run_bag), to resume
-# from: the start of the cinch and the start of the tie.
-CHECKPOINTS = {"cinch": 7.40, "tie": 8.40}
 EPS_T = 1e-9  # s: slack when accumulated step times are compared with phase boundaries
 
-# Named phases, for progress display and for the measurements' windows (docs/spec.md §5).
-PHASES = (
-    ("place", 0.00, 0.72), ("hold", 0.72, 0.89), ("drops", 0.89, 1.60), ("settle", 1.60, 2.00),
-    ("lift", 2.00, 4.70), ("unfold", 4.70, 6.05), ("gather", 6.05, 7.10), ("hold", 7.10, 7.40),
-    ("cinch", 7.40, 8.40), ("tie", 8.40, 8.75), ("lower flap", 8.75, 9.40), ("released", 9.40, T_END),
-)
+
+@dataclass(frozen=True)
+class Protocol:
+    """The closing half of a bag protocol (docs/spec.md §5): when the gather, cinch, tie,
+    fade and release happen. Both protocols share everything up to ``SHARED_UNTIL``
+    (place, drops, lift, unfold and the unfold check at 6.05 s)."""
+
+    name: str
+    gather: tuple       # (t_on, star reached, t_off) s: the rim hands' gather
+    cinch: tuple        # (t_on, stars reached) s: cinch and flap hands start and reach their targets
+    tie: tuple          # (t_on, t_full) s: the ties act, and reach their target lengths
+    fade_from: float    # s: cinch and flap hands fade out from here to t_release
+    t_release: float    # s: all external support released
+    t_end: float        # s: end of the protocol
+
+    @property
+    def checkpoints(self) -> dict:
+        """States a bag run writes as it passes these times (scenes.bag_run.run_bag), to
+        resume from: the start of the cinch and the start of the tie."""
+        return {"cinch": self.cinch[0], "tie": self.tie[0]}
+
+    @property
+    def phases(self) -> tuple:
+        """Named phases, for progress display and for the measurements' windows."""
+        g0, g1, g2 = self.gather
+        return (
+            ("place", 0.00, 0.72), ("hold", 0.72, 0.89), ("drops", 0.89, 1.60), ("settle", 1.60, 2.00),
+            ("lift", 2.00, 4.70), ("unfold", 4.70, SHARED_UNTIL), ("gather", g0, g1), ("hold", g1, g2),
+            ("cinch", self.cinch[0], self.tie[0]), ("tie", self.tie[0], self.tie[1]),
+            ("lower flap", self.tie[1], self.t_release), ("released", self.t_release, self.t_end),
+        )
+
+
+SHARED_UNTIL = 6.05  # s: both protocols are the same up to here (a state saved no later resumes in either)
+PROTOCOLS = {
+    # the specification's protocol: flap supported while cinching, released at 9.40 s, end 10.50 s
+    "full": Protocol("full", gather=(6.05, 7.10, 7.40), cinch=(7.40, 8.40), tie=(8.40, 8.75),
+                     fade_from=FADE_FROM, t_release=T_RELEASE, t_end=T_END),
+    # the earlier short protocol (docs/spec.md §5, §9): released at 7.35 s, end 8.45 s; the
+    # same gather, cinch, tie and fade as "full", each in about 40 % of the time
+    "short": Protocol("short", gather=(6.05, 6.45, 6.55), cinch=(6.55, 6.95), tie=(6.95, 7.10),
+                      fade_from=7.10, t_release=7.35, t_end=8.45),
+}
+# The full protocol's checkpoints and phases (kept as names: tests and docs use them).
+CHECKPOINTS = PROTOCOLS["full"].checkpoints
+PHASES = PROTOCOLS["full"].phases
 
 CAPTURE = "capture"
 
@@ -500,6 +537,7 @@ class Choreography:
     tol_manipulation: float = TOL_MANIPULATION
     tol_released: float = TOL_RELEASED
     phases: tuple = PHASES
+    protocol: str = "full"       # the PROTOCOLS entry this schedule follows
     captures: dict = field(default_factory=dict)
 
     # ---- slot layout
@@ -640,8 +678,12 @@ def star_outer(columns: int, outer: float, edge: float) -> np.ndarray:
 
 
 def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, *, gravity=(0, 0, -9.81),
-                      dt: float = DT, sphere_radius=SPHERE_RADII) -> Choreography:
-    """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring)."""
+                      dt: float = DT, sphere_radius=SPHERE_RADII, protocol: str = "full") -> Choreography:
+    """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring);
+    ``protocol`` names the :data:`PROTOCOLS` entry that times the gather, cinch, tie and release."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}; got {protocol!r}")
+    pr = PROTOCOLS[protocol]
     C = mesh.columns
     rim, neck = mesh.rim, mesh.neck
     spheres = np.asarray(sphere_index)
@@ -668,8 +710,9 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     # a rim edge) at the height where it is at 6.05 s
     rim_edge = 2 * r_rim * np.sin(np.pi / C)
     rim_star = star_outer(C, GATHER_OUTER, GATHER_EDGE * rim_edge)
-    gather = SupportTrack("gather", 6.05, 7.40, rim, 10.0, [
-        (6.05, CAPTURE), (7.10, Ring(spheres, rim_star, 0.0, col_angle, level=rim))])
+    g0, g1, g2 = pr.gather
+    gather = SupportTrack("gather", g0, g2, rim, 10.0, [
+        (g0, CAPTURE), (g1, Ring(spheres, rim_star, 0.0, col_angle, level=rim))])
     # cinch: every point of the two neck bands into a star round the contents' axis
     lower = mesh.neck_ring - 1
     band_a, band_b = neck, ring_index(lower, np.arange(C), C)
@@ -679,16 +722,17 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     star_a = star_outer(C, CINCH_OUTER, CINCH_EDGE * edge_a)
     star_b = star_outer(C, CINCH_OUTER, CINCH_EDGE * edge_b)
     z_b = CINCH_OVER_TOP - CINCH_BAND * band_gap
-    cinch = SupportTrack("cinch", 7.40, T_RELEASE, np.concatenate([band_a, band_b]), CINCH_K, [
-        (7.40, CAPTURE), (8.40, Ring(spheres, np.concatenate([star_a, star_b]),
+    c0, c1 = pr.cinch
+    cinch = SupportTrack("cinch", c0, pr.t_release, np.concatenate([band_a, band_b]), CINCH_K, [
+        (c0, CAPTURE), (c1, Ring(spheres, np.concatenate([star_a, star_b]),
                                      np.concatenate([np.full(C, CINCH_OVER_TOP), np.full(C, z_b)]),
                                      np.concatenate([col_angle, col_angle]), over_top=radii))],
-        fade_from=FADE_FROM)
+        fade_from=pr.fade_from)
     # flap: the rim follows the neck down, FLAP_RISE over the cinched neck band, and is let
     # go with the cinch
-    flap = SupportTrack("flap", 7.40, T_RELEASE, rim, FLAP_K, [
-        (7.40, CAPTURE), (8.40, Ring(spheres, rim_star, CINCH_OVER_TOP + FLAP_RISE, col_angle, over_top=radii))],
-        fade_from=FADE_FROM)
+    flap = SupportTrack("flap", c0, pr.t_release, rim, FLAP_K, [
+        (c0, CAPTURE), (c1, Ring(spheres, rim_star, CINCH_OVER_TOP + FLAP_RISE, col_angle, over_top=radii))],
+        fade_from=pr.fade_from)
     # tie: each band's points to the points two columns on (a loop through the pleats'
     # outer folds and one through their inner folds), and the bands to each other
     nxt = (np.arange(C) + 2) % C
@@ -696,12 +740,13 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
     between = [(band_a[i], band_b[i]) for i in range(C)]
     chord = lambda r: 2 * r * np.sin(2 * np.pi / C)
     target = np.concatenate([chord(star_a), chord(star_b), np.full(C, CINCH_BAND * band_gap)])
-    tie = TieTrack("tie", 8.40, 8.75, np.asarray(within + between, np.int32), TIE_K, target)
+    tie = TieTrack("tie", *pr.tie, np.asarray(within + between, np.int32), TIE_K, target)
     drops = 0.89 + np.arange(len(spheres)) * (1.60 - 0.89) / max(len(spheres) - 1, 1)
     return Choreography(n_particles=n_particles, dt=dt,
                         tracks=[place, lift, neck_hand, unfold, gather, flap, cinch],
                         tie=tie, sphere_index=spheres, sphere_mass=np.asarray(sphere_mass, float),
-                        drop_times=drops, gravity=np.asarray(gravity, float))
+                        drop_times=drops, gravity=np.asarray(gravity, float), t_release=pr.t_release,
+                        phases=pr.phases, protocol=pr.name)
 
 
 # --------------------------------------------------------------------------- scene
@@ -737,12 +782,17 @@ class BagScene(ByName):
     choreography: Choreography   # the schedule; records its captures as a run goes
     t_end: float                 # end of the protocol, s
     resolution: str              # "full" or "coarse"
+    protocol: str = "full"       # "full" or "short" (PROTOCOLS)
 
 
 def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: int | None = None,
-              params: Params | None = None, dhat: float = 1.0e-3, linear_solver: str = "sparse") -> BagScene:
+              params: Params | None = None, dhat: float = 1.0e-3, linear_solver: str = "sparse",
+              protocol: str = "full") -> BagScene:
     """The bag experiment. Particles: film [0, N_f), spheres [N_f, N_f + 7), then bin and
     floor vertices (fixed, zero mass).
+
+    ``protocol``: ``"full"`` (released at 9.40 s, end 10.50 s) or ``"short"`` (released at
+    7.35 s, end 8.45 s), the :data:`PROTOCOLS` entries.
 
     ``linear_solver``: the Newton linear solve (:class:`ipcjax.model.Config`); the bag
     defaults to ``"sparse"`` (host LDLᵀ, exact like the dense Cholesky and, on the CPU,
@@ -752,6 +802,8 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {sorted(RESOLUTIONS)}; got {resolution!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}; got {protocol!r}")
     R, C = RESOLUTIONS[resolution]
     mesh = pouch_mesh(rings or R, columns or C)
     nf = len(mesh.x)
@@ -778,13 +830,13 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
                     linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)
     choreo = make_choreography(mesh, n, spheres, sph_m, gravity=np.asarray(params.gravity), dt=DT,
-                               sphere_radius=radii)
+                               sphere_radius=radii, protocol=protocol)
     return BagScene(
         model=model, x=x, params=params, config=config, dt=DT, mesh=mesh, faces=mesh.triangles,
         film=np.arange(nf), rim=mesh.rim, neck=mesh.neck, spheres=spheres, sphere_radius=radii,
         bin=np.arange(nf + n_s, nf + n_s + n_b), floor=np.arange(nf + n_s + n_b, n),
         bin_triangles=bt + nf + n_s, floor_triangles=ft + nf + n_s + n_b,
-        choreography=choreo, t_end=T_END, resolution=resolution,
+        choreography=choreo, t_end=PROTOCOLS[protocol].t_end, resolution=resolution, protocol=protocol,
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipcjax import runfolder
-from scenes.bag import EPS_T, BagScene
+from scenes.bag import EPS_T, SHARED_UNTIL, BagScene
 from scenes.progress import first_step_bar
 
 STEP_TIME_TOL = 1e-6  # s: a saved step index must give its saved time to within this
@@ -30,7 +30,8 @@ class BagRunOptions:
     """What ``ipcjax bag`` runs; the defaults are the command line's."""
 
     out: str = "runs/bag"              # run folder
-    until: float = 10.5                # simulated end time, s
+    until: float | None = None         # simulated end time, s (None: the protocol's end)
+    protocol: str = "full"             # "full" (end 10.50 s) or "short" (end 8.45 s): scenes.bag.PROTOCOLS
     resolution: str = "full"           # "full" (481 film vertices) or "coarse" (85)
     save_every: int = 1                # keep every n-th step's frame
     resume: str | None = None          # a state.npz written by an earlier run
@@ -60,9 +61,11 @@ def _check(ok: bool, message: str) -> None:
 
 def read_bag_state(path, sc: BagScene, resolution: str):
     """The ``resume`` state, checked against this bag scene before anything runs: the
-    checks of :func:`ipcjax.runfolder.read_state`, its step index against its time, and the
-    choreography captures (grab positions, tie lengths) that its earlier steps recorded.
-    Loads the captures into ``sc.choreography``.
+    checks of :func:`ipcjax.runfolder.read_state`, its step index against its time, its
+    protocol (a state of the other protocol resumes only up to
+    :data:`scenes.bag.SHARED_UNTIL`, where the two are the same; a state without one is of
+    the full protocol), and the choreography captures (grab positions, tie lengths) that
+    its earlier steps recorded. Loads the captures into ``sc.choreography``.
 
     Raises:
         FileNotFoundError, ValueError: one message naming the file and what is wrong.
@@ -72,6 +75,10 @@ def read_bag_state(path, sc: BagScene, resolution: str):
     t, step = float(rs["t"]), int(rs["step"])
     _check(abs(step * dt - t) < STEP_TIME_TOL,
            f"--resume {path}: step {step} does not match t = {t:.6f} s (steps of {dt:.6f} s)")
+    saved = str(rs["protocol"]) if "protocol" in rs else "full"
+    _check(saved == ch.protocol or t <= SHARED_UNTIL + EPS_T,
+           f"--resume {path}: the state is of the {saved!r} protocol at t = {t:.4f} s; the {ch.protocol!r} "
+           f"protocol departs from it after {SHARED_UNTIL:.2f} s (--protocol {saved} continues it)")
     # observe() records a capture when a step starts at or after its track's start; one that
     # an earlier step recorded cannot be re-made from the saved positions, so it must be here
     t_last = t - dt  # start of the state's last step
@@ -130,7 +137,8 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     ``checkpoint_every`` steps and on Ctrl-C), ``summary.json`` and, as asked, meshes,
     the time-series plot and phase snapshots, to ``options.out``; and, as the run passes
     them, the states at the start of the cinch and of the tie (``state_cinch.npz``,
-    ``state_tie.npz``; :data:`scenes.bag.CHECKPOINTS`), from which fits and tests resume.
+    ``state_tie.npz``; the protocol's :attr:`scenes.bag.Protocol.checkpoints`), from which
+    fits and tests resume.
 
     Raises:
         FileNotFoundError, ValueError, OSError: a bad resume state, an ``out`` holding a
@@ -138,10 +146,12 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             ``out``; all before any step is taken.
     """
     from ipcjax import step as ipc_step
-    from scenes.bag import CHECKPOINTS, UnfoldIncomplete, bag_scene, check_unfolded
+    from scenes.bag import PROTOCOLS, UnfoldIncomplete, bag_scene, check_unfolded
 
-    sc = bag_scene(options.resolution, linear_solver=options.linear_solver)
+    sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol)
     choreo, dt = sc.choreography, sc.dt
+    checkpoints = PROTOCOLS[options.protocol].checkpoints
+    until = sc.t_end if options.until is None else options.until
     t_unfold_end = choreo.track("unfold").t_off
 
     step_index, unfold_checked = 0, False
@@ -151,8 +161,8 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         step_index, unfold_checked = int(rs["step"]), bool(rs["unfold_checked"])
     else:
         state = ipc_step.make_state(sc.x)
-    n_total = int(round(options.until / dt))
-    _check(n_total > step_index, f"--until {options.until:g} s leaves no step to run after t = "
+    n_total = int(round(until / dt))
+    _check(n_total > step_index, f"--until {until:g} s leaves no step to run after t = "
                                  f"{float(state.t):.4f} s (one step is {dt:.6f} s)")
     runfolder.prepare(options.out)
     traj_path = os.path.join(options.out, "trajectory.npz")
@@ -171,7 +181,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             runfolder.write_trajectory(traj_path, frames.trajectory())
         runfolder.write_state(state_file or state_path, state.x, state.v, state.t, step=step_index,
                               unfold_checked=unfold_checked, resolution=options.resolution,
-                              captures=choreo.captures_npz())
+                              captures=choreo.captures_npz(), protocol=options.protocol)
 
     n_run = n_total - step_index
     bar = None  # started after the first step (see first_step_bar)
@@ -184,7 +194,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         phase = choreo.phase_at(t)
         x_now = np.asarray(state.x)
         choreo.observe(t, x_now)
-        for name, t_mark in CHECKPOINTS.items():
+        for name, t_mark in checkpoints.items():
             if abs(t - t_mark) < EPS_T and step_index < n_total:
                 write(os.path.join(options.out, f"state_{name}.npz"))
         if not unfold_checked and t >= t_unfold_end - EPS_T:
@@ -244,7 +254,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, r
                              np.arange(film.shape[1], film.shape[1] + sph.shape[1]), sc.sphere_radius)
     wall, first_step_s, n = run["wall_s"], run["first_step_s"], len(reports)
     summary = dict(
-        resolution=options.resolution, steps_this_run=n, step_index=run["step_index"],
+        resolution=options.resolution, protocol=options.protocol, steps_this_run=n, step_index=run["step_index"],
         simulated_s=run["simulated_s"], wall_s=wall, steps_per_s=n / wall if wall > 0 else None,
         linear_solver=sc.config.linear_solver, first_step_s=first_step_s,
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)

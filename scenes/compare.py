@@ -160,7 +160,7 @@ def evaluate(run: Run, t: float, scene: BagScene) -> dict:
         run_simulated_s=float(run.time[-1]),
         wall_s=run.summary.get("wall_s"), wall_s_per_simulated_s=wall_rate(run.summary),
         wall_s_per_simulated_s_after_first_step=run.summary.get("wall_s_per_simulated_s_after_first_step"),
-        failure=run.summary.get("failure"),
+        failure=run.summary.get("failure"), protocol=run.summary.get("protocol"),
     )
 
 
@@ -199,10 +199,30 @@ def table_rows(results: dict) -> list:
     return [(label, *(c[i] for c in cols)) for i, label in enumerate(ROW_LABELS)]
 
 
-def markdown_table(results: dict) -> str:
-    """The comparison as a Markdown table, one column per solver (keys of ``results``)."""
-    head = ("measurement", *results)
-    rows = [head] + table_rows(results)
+# The specification's side-by-side numbers of the short protocol (docs/spec.md §9: the
+# 481-vertex bag at 8.45 s), shown beside a comparison of the same protocol and instant.
+SPEC_SHORT = {
+    "specification IPC": dict(neck="38.45 × 42.01", flap="13.47", frames="0 / 2029", range="0.80"),
+    "specification VBD": dict(neck="31.04 × 32.04", flap="1.54", frames="1197 / 2029", range="23.76"),
+}
+SPEC_ROWS = {1: "neck", 2: "flap", 3: "frames", 5: "range"}  # ROW_LABELS index -> SPEC_SHORT key
+
+
+def spec_columns(results: dict, resolution: str, t: float) -> dict:
+    """The specification's columns (:data:`SPEC_SHORT`) when ``results`` are of its
+    experiment: the full-resolution short protocol compared at 8.45 s; else {}."""
+    protocols = {r.get("protocol") for r in results.values()}
+    return SPEC_SHORT if (protocols == {"short"} and resolution == "full" and abs(t - 8.45) < TIME_TOL) else {}
+
+
+def markdown_table(results: dict, spec: dict | None = None) -> str:
+    """The comparison as a Markdown table, one column per solver (keys of ``results``),
+    then the ``spec`` columns ({name: {row key: value}}, :data:`SPEC_SHORT`; "" where the
+    specification gives no number)."""
+    spec = spec or {}
+    head = ("measurement", *results, *spec)
+    rows = [head] + [(*row, *(s.get(SPEC_ROWS.get(i), "") for s in spec.values()))
+                     for i, row in enumerate(table_rows(results))]
     w = [max(len(str(r[c])) for r in rows) for c in range(len(head))]
     line = lambda r: "| " + " | ".join(str(v).ljust(w[c]) for c, v in enumerate(r)) + " |"
     return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|", *map(line, rows[1:])])
@@ -256,14 +276,16 @@ def compare_runs(runs: dict, out: str, at: float | None = None, timing_note: str
     t = common_instant(list(runs.values()), at)
     scene = scene_for(list(runs.values()))
     results = {name: evaluate(r, t, scene) for name, r in runs.items()}
-    table = markdown_table(results)
+    spec = spec_columns(results, scene.resolution, t)
+    table = markdown_table(results, spec)
     notes = [
         f"Both trajectories are cut at t = {t:.3f} s and judged by the same code: scenes.bag.measurements "
         f"(neck width and flap height at t, sphere-centre height range over [t − 1 s, t]) and "
         f"ipcjax.audit.audit_trajectory over every saved frame up to t.",
         "Wall s per simulated s is each run's own rate over its whole run, from its summary.json. "
         + (timing_note or ""),
-    ]
+    ] + (["The specification columns are docs/spec.md §9's numbers for the same protocol, bag and instant."]
+         if spec else [])
     os.makedirs(out, exist_ok=True)
     png = side_by_side(os.path.join(out, "comparison.png"), runs, t, scene)
     md = f"# Bag, {scene.resolution}: side by side at t = {t:.3f} s\n\n{table}\n\n" + \
@@ -278,6 +300,18 @@ def compare_runs(runs: dict, out: str, at: float | None = None, timing_note: str
 
 
 
+def run_options(protocol: str | None, resolution: str | None, until: float | None, linear_solver: str):
+    """The :class:`scenes.bag_run.BagRunOptions` of ``ipcjax compare --run``: without a
+    protocol a 0.5 s coarse run (of the full protocol's start); with one, by default the
+    full-resolution bag to the protocol's end (the specification's comparison)."""
+    from scenes.bag import PROTOCOLS
+    from scenes.bag_run import BagRunOptions
+
+    until = until if until is not None else (PROTOCOLS[protocol].t_end if protocol else 0.5)
+    return BagRunOptions(until=until, resolution=resolution or ("full" if protocol else "coarse"), mesh_every=0,
+                         pictures=False, linear_solver=linear_solver, protocol=protocol or "full")
+
+
 def compare_job(out: str, *, ipc: str | None = None, vbd: str | None = None, at: float | None = None,
                 run=None) -> dict:
     """What ``ipcjax compare`` does: compare two run folders, or make both runs first.
@@ -287,7 +321,7 @@ def compare_job(out: str, *, ipc: str | None = None, vbd: str | None = None, at:
         ipc, vbd: run folders of ``ipcjax bag`` and ``python -m baselines.vbd_bag``.
         at: instant, s (default: the latest time both runs reached).
         run: a :class:`scenes.bag_run.BagRunOptions` (``out``, ``resolution``, ``until``,
-            ``linear_solver`` used) to run both solvers now into ``out/ipc`` and
+            ``protocol``, ``linear_solver`` used) to run both solvers now into ``out/ipc`` and
             ``out/vbd`` instead of reading ``ipc`` and ``vbd``; the VBD run needs Newton.
     Returns:
         The comparison.json dict (see :func:`compare_runs`) with the job's timings.
@@ -309,7 +343,7 @@ def compare_job(out: str, *, ipc: str | None = None, vbd: str | None = None, at:
         t0 = time.perf_counter()
         run_bag(dataclasses.replace(run, out=ipc))
         t1 = time.perf_counter()
-        run_vbd(run.resolution, run.until, vbd)
+        run_vbd(run.resolution, run.until, vbd, protocol=run.protocol)
         t2 = time.perf_counter()
         timings = dict(ipc_job_s=t1 - t0, vbd_job_s=t2 - t1)
         note = (f"Both runs were made by this command, one after the other, in the same session on "

@@ -152,27 +152,36 @@ def test_controls_have_fixed_shapes_and_do_not_recompile():
     assert total._cache_size() == 1
 
 
-def test_supports_ties_gravity_and_tolerance_schedule():
-    sc = B.bag_scene("coarse")
+# (protocol, release s, fade start s, tie on s, tie full s, end s, steps): docs/spec.md §5
+SCHEDULES = [("full", 9.40, 9.00, 8.40, 8.75, 10.50, 2520), ("short", 7.35, 7.10, 6.95, 7.10, 8.45, 2028)]
+
+
+@pytest.mark.parametrize("protocol, release, fade_from, tie_on, tie_full, t_end, n_steps", SCHEDULES)
+def test_supports_ties_gravity_and_tolerance_schedule(protocol, release, fade_from, tie_on, tie_full, t_end,
+                                                      n_steps):
+    sc = B.bag_scene("coarse", protocol=protocol)
     ch = _all_captured(sc)
     dt = sc.dt
+    assert sc.t_end == t_end and int(round(sc.t_end / dt)) == n_steps and ch.phases[-1] == ("released", release, t_end)
+    assert all(a[2] == b[1] for a, b in zip(ch.phases, ch.phases[1:]))  # phases tile the protocol
     at = lambda t: ch.controls_at(int(round(t / dt)), t)
     steps = np.arange(int(round(sc.t_end / dt)))
     k_support = np.array([float(np.max(at(i * dt).support_k)) for i in steps])
     t = steps * dt
-    assert np.all(k_support[t >= 9.40 - 1e-9] == 0)      # released at 9.40 s
-    assert np.all(k_support[t < B.FADE_FROM - 1e-9] > 0)  # some hand holds the film until the fade
-    fade = (t >= B.FADE_FROM - dt - 1e-9) & (t < 9.40 - 1e-9)
+    assert np.all(k_support[t >= release - 1e-9] == 0)     # all external support released
+    assert np.all(k_support[t < fade_from - 1e-9] > 0)     # some hand holds the film until the fade
+    fade = (t >= fade_from - dt - 1e-9) & (t < release - 1e-9)
     assert np.all(np.diff(k_support[fade]) < 0) and k_support[fade][-1] == 0  # k falls to 0 smoothly
     assert np.max(np.diff(k_support[fade])) > -0.05 * B.CINCH_K               # no step lets go at once
-    tie_on = np.array([float(np.max(at(i * dt).tie_k)) for i in steps])
-    assert np.all(tie_on[t < 8.40 - 1e-9] == 0) and np.all(tie_on[t >= 8.40 - 1e-9] == 250.0)
-    # tie lengths: captured at 8.40, at target (never lengthened) by 8.75
+    tie_k = np.array([float(np.max(at(i * dt).tie_k)) for i in steps])
+    assert np.all(tie_k[t < tie_on - 1e-9] == 0) and np.all(tie_k[t >= tie_on - 1e-9] == 250.0)
+    # tie lengths: captured when the tie starts, at target (never lengthened) when it is full
     cap = ch.captures["tie"]
     goal = np.minimum(cap, ch.tie.target)
-    np.testing.assert_allclose(np.asarray(at(8.75).tie_length), goal, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(at(9.9).tie_length), goal, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(at(8.40).tie_length), cap, rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(at(tie_full).tie_length), goal, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(at(t_end - 0.5).tie_length), goal, atol=1e-12)
+    # the first tied step starts from the captured lengths (smoothstep: 3 (dt/span)² of the way, < 0.5 %)
+    np.testing.assert_allclose(np.asarray(at(tie_on).tie_length), cap, rtol=5e-3)
     # gravity cancelled on each sphere until its drop, never on the film
     g = ch.gravity
     for j, s in enumerate(ch.sphere_index):
@@ -182,7 +191,20 @@ def test_supports_ties_gravity_and_tolerance_schedule():
         assert np.all(after == 0)
     assert 0.89 == pytest.approx(ch.drop_times[0]) and 1.60 == pytest.approx(ch.drop_times[-1])
     assert np.all(np.asarray(at(0.0).force)[sc.film] == 0)
-    assert float(at(9.39).tolerance) == 0.012e-3 and float(at(9.40).tolerance) == 0.0005e-3
+    assert float(at(release - 0.01).tolerance) == 0.012e-3 and float(at(release).tolerance) == 0.0005e-3
+
+
+def test_both_protocols_are_the_same_until_the_unfold_check():
+    full, short = (B.bag_scene("coarse", protocol=p) for p in ("full", "short"))
+    x = full.x.copy()
+    for sc in (full, short):
+        sc.choreography.observe(B.SHARED_UNTIL - full.dt, x)  # every track that starts before 6.05 s
+    for i in range(0, int(round(B.SHARED_UNTIL / full.dt)), 5):
+        a, b = (sc.choreography.controls_at(i, i * full.dt) for sc in (full, short))
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        B.bag_scene("coarse", protocol="medium")
 
 
 def test_grabbing_tracks_start_where_the_film_is_and_need_a_capture():

@@ -202,6 +202,26 @@ def test_bag_resume_refuses_a_corrupt_trajectory_in_its_out_folder(capsys, tmp_p
             "this scene needs (T, 85, 3)")
 
 
+def test_bag_resume_refuses_a_state_of_the_other_protocol_after_they_part(capsys, tmp_path):
+    """BAG_STATE (8.50 s, written before states named their protocol: the full one) cannot
+    continue the short protocol; a state from before 6.05 s, where both are the same, can."""
+    from scenes.bag import SHARED_UNTIL, bag_scene
+    from scenes.bag_run import read_bag_state
+
+    refused(capsys, ["bag", "--resolution", "coarse", "--protocol", "short", "--resume", BAG_STATE,
+                     "--out", str(tmp_path / "b")],
+            "the state is of the 'full' protocol at t = 8.5000 s; the 'short' protocol departs from it after 6.05 s")
+    assert not (tmp_path / "b").exists()
+    d = state_arrays()
+    step = int(round(SHARED_UNTIL / (1 / 240)))
+    caps = {k: v for k, v in d.items() if k.startswith("capture_") and k[8:] in ("place", "lift", "neck", "unfold")}
+    early = tmp_path / "early.npz"
+    runfolder.write_state(early, d["x"], d["v"], step / 240, step=step, unfold_checked=True, resolution="coarse",
+                          captures=caps, protocol="full")
+    sc = bag_scene("coarse", protocol="short")
+    assert float(read_bag_state(early, sc, "coarse")["t"]) == pytest.approx(SHARED_UNTIL)
+
+
 def test_the_reference_state_passes_the_checks():
     """The state the checks are made against is itself accepted (no false refusals)."""
     from scenes.bag import bag_scene
@@ -219,7 +239,7 @@ def test_write_state_round_trips_through_read_state(tmp_path):
     runfolder.write_state(path, d["x"], d["v"], d["t"], step=d["step"], unfold_checked=d["unfold_checked"],
                           resolution="coarse", captures=caps)
     rs = runfolder.read_state(path, len(d["x"]), "coarse")
-    assert sorted(rs.files) == sorted(d)
+    assert sorted(rs.files) == sorted({*d, "protocol"}) and str(rs["protocol"]) == "full"
     for k in d:
         np.testing.assert_array_equal(rs[k], d[k])
         assert rs[k].dtype == d[k].dtype, k
@@ -234,6 +254,7 @@ def test_write_state_round_trips_through_read_state(tmp_path):
     (["--run", "--until=-inf"], "--until must be a finite number > 0"),
     (["--ipc", "{tmp}/nowhere", "--vbd", "{tmp}"], "nowhere: no such folder"),
     (["--ipc", "{tmp}", "--vbd", "{tmp}"], "no trajectory.npz"),
+    (["--ipc", "{tmp}", "--vbd", "{tmp}", "--protocol", "short"], "--protocol chooses what --run runs"),
 ])
 def test_compare_refuses_bad_flags_and_folders(capsys, tmp_path, flags, expect):
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
