@@ -39,6 +39,7 @@ class BagRunOptions:
     mesh_every: int = 24               # write every n-th saved frame as .vtu/.obj (0: none)
     pictures: bool = True              # time-series plot and phase snapshots (PNG)
     linear_solver: str = "sparse"      # Newton linear solve (ipcjax.model.LINEAR_SOLVERS)
+    params: object = None              # ipcjax.model.Params of the film (None: Params.film_defaults())
     progress: bool = True              # progress bar and notes on stderr
 
 
@@ -148,7 +149,8 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     from ipcjax import step as ipc_step
     from scenes.bag import PROTOCOLS, UnfoldIncomplete, bag_scene, check_unfolded
 
-    sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol)
+    sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
+                   params=options.params)
     choreo, dt = sc.choreography, sc.dt
     checkpoints = PROTOCOLS[options.protocol].checkpoints
     until = sc.t_end if options.until is None else options.until
@@ -254,7 +256,9 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, r
                              np.arange(film.shape[1], film.shape[1] + sph.shape[1]), sc.sphere_radius)
     wall, first_step_s, n = run["wall_s"], run["first_step_s"], len(reports)
     summary = dict(
-        resolution=options.resolution, protocol=options.protocol, steps_this_run=n, step_index=run["step_index"],
+        resolution=options.resolution, protocol=options.protocol,
+        params={k: float(getattr(sc.params, k)) for k in ("youngs_modulus", "friction", "bending_scale")},
+        steps_this_run=n, step_index=run["step_index"],
         simulated_s=run["simulated_s"], wall_s=wall, steps_per_s=n / wall if wall > 0 else None,
         linear_solver=sc.config.linear_solver, first_step_s=first_step_s,
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)

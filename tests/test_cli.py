@@ -34,6 +34,22 @@ def test_bag_job_records_its_solver_and_first_step(tmp_path):
         main(["bag", "--linear-solver", "lu", "--out", str(out)])
 
 
+def test_bag_run_records_its_protocol_and_parameters(tmp_path):
+    """run_bag with the short protocol and a stiffer film (2 coarse steps): summary.json and
+    state.npz name the protocol, the summary the film's E, μf and kθ scale."""
+    from ipcjax.model import Params
+    from scenes.bag_run import BagRunOptions, run_bag
+
+    out = tmp_path / "short"
+    res = run_bag(BagRunOptions(out=str(out), resolution="coarse", protocol="short", until=2 / 240, mesh_every=0,
+                                pictures=False, progress=False, params=Params.film_defaults(youngs_modulus=630e6)))
+    s = res.summary
+    assert res.ok and s["protocol"] == "short" and s["steps_this_run"] == 2
+    assert s["params"] == dict(youngs_modulus=630e6, friction=0.35, bending_scale=1.0)
+    with np.load(out / "state.npz") as st:
+        assert str(st["protocol"]) == "short"
+
+
 def test_unknown_job_prints_usage(capsys):
     assert main(["nonsense"]) == 2
     assert "usage: ipcjax" in capsys.readouterr().out

@@ -150,6 +150,27 @@ def test_table_has_one_row_per_quantity_and_aligned_columns():
     assert "345.29 × 398.58" in text and "0 / 481" in text and "0.8030" in text and "none" in text
 
 
+def test_the_specification_columns_appear_only_beside_its_own_experiment():
+    r = dict(time_s=8.45, measurements=dict(neck_width_mm=[40.42, 48.94], flap_height_mm=16.83,
+                                            max_sphere_height_range_final_1s_mm=0.53),
+             audit=dict(frames=2029, frames_with_self_intersection=0, first_self_intersection_s=None,
+                        min_film_film_m=2.1e-4, min_film_sphere_m=6.0e-4),
+             wall_s_per_simulated_s=None, protocol="short")
+    runs = {"ipcjax IPC": r, "Newton VBD": r}
+    assert C.spec_columns(runs, "full", 8.45) == C.SPEC_SHORT
+    assert C.spec_columns(runs, "coarse", 8.45) == {}                                  # another bag
+    assert C.spec_columns(runs, "full", 8.0) == {}                                     # another instant
+    assert C.spec_columns({k: dict(r, protocol="full") for k in runs}, "full", 8.45) == {}  # another protocol
+    lines = C.markdown_table(runs, C.SPEC_SHORT).splitlines()
+    assert len({len(line) for line in lines}) == 1 and len(lines) == 2 + len(C.ROW_LABELS)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    assert row["neck width x × y (mm)"] == ["40.42 × 48.94", "40.42 × 48.94", "38.45 × 42.01", "31.04 × 32.04"]
+    assert row["frames with self-intersection / total"][2:] == ["0 / 2029", "1197 / 2029"]
+    assert row["max sphere-centre height range, final 1 s (mm)"][2:] == ["0.80", "23.76"]
+    assert row["flap height (mm)"][2:] == ["13.47", "1.54"]
+    assert row["min film–film distance (mm)"][2:] == ["", ""]  # the specification gives no number
+
+
 def test_mismatched_meshes_are_refused(two_runs, tmp_path):
     run = C.load_run(two_runs[0])
     other = run._replace(faces=run.faces[:, [0, 2, 1]], folder="x")
@@ -157,3 +178,12 @@ def test_mismatched_meshes_are_refused(two_runs, tmp_path):
         C.scene_for([run, other])
     with pytest.raises(FileNotFoundError, match="no trajectory.npz"):
         C.load_run(tmp_path)
+
+
+def test_compare_run_defaults_follow_the_protocol():
+    o = C.run_options("short", None, None, "sparse")
+    assert (o.protocol, o.resolution, o.until) == ("short", "full", 8.45)
+    o = C.run_options(None, None, None, "dense")
+    assert (o.protocol, o.resolution, o.until, o.linear_solver) == ("full", "coarse", 0.5, "dense")
+    o = C.run_options("full", "coarse", 2.0, "sparse")
+    assert (o.protocol, o.resolution, o.until) == ("full", "coarse", 2.0)
