@@ -532,7 +532,8 @@ class Choreography:
     several tracks' slots; each is inactive outside its track). Tie slots: the tie track's
     pairs. Captures are filled by :meth:`observe`: for a track whose keyframes depend on
     where the film is (``CAPTURE``, :class:`Above`, :class:`Ring`), all particle positions
-    (N, 3) when the track starts; for the tie, its pairs' lengths at 8.40 s.
+    (N, 3) when the track starts; for the tie, its pairs' lengths when it starts (8.40 s;
+    6.95 s in the short protocol).
     """
 
     n_particles: int
