@@ -224,6 +224,15 @@ PROTOCOLS = {
     "short": Protocol("short", gather=(6.05, 6.45, 6.55), cinch=(6.55, 6.95), tie=(6.95, 7.10),
                       fade_from=7.10, t_release=7.35, t_end=8.45),
 }
+
+
+def protocol_named(name: str) -> Protocol:
+    """The :data:`PROTOCOLS` entry ``name``; ValueError naming the choices otherwise."""
+    if name not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}; got {name!r}")
+    return PROTOCOLS[name]
+
+
 # The full protocol's checkpoints and phases (kept as names: tests and docs use them).
 CHECKPOINTS = PROTOCOLS["full"].checkpoints
 PHASES = PROTOCOLS["full"].phases
@@ -692,9 +701,7 @@ def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass
                       dt: float = DT, sphere_radius=SPHERE_RADII, protocol: str = "full") -> Choreography:
     """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring);
     ``protocol`` names the :data:`PROTOCOLS` entry that times the gather, cinch, tie and release."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}; got {protocol!r}")
-    pr = PROTOCOLS[protocol]
+    pr = protocol_named(protocol)
     C = mesh.columns
     rim, neck = mesh.rim, mesh.neck
     spheres = np.asarray(sphere_index)
@@ -793,7 +800,6 @@ class BagScene(ByName):
     choreography: Choreography   # the schedule; records its captures as a run goes
     t_end: float                 # end of the protocol, s
     resolution: str              # "full" or "coarse"
-    protocol: str = "full"       # "full" or "short" (PROTOCOLS)
 
 
 def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: int | None = None,
@@ -813,8 +819,7 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {sorted(RESOLUTIONS)}; got {resolution!r}")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}; got {protocol!r}")
+    protocol_named(protocol)  # refused before anything is built
     R, C = RESOLUTIONS[resolution]
     mesh = pouch_mesh(rings or R, columns or C)
     nf = len(mesh.x)
@@ -847,7 +852,7 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
         film=np.arange(nf), rim=mesh.rim, neck=mesh.neck, spheres=spheres, sphere_radius=radii,
         bin=np.arange(nf + n_s, nf + n_s + n_b), floor=np.arange(nf + n_s + n_b, n),
         bin_triangles=bt + nf + n_s, floor_triangles=ft + nf + n_s + n_b,
-        choreography=choreo, t_end=PROTOCOLS[protocol].t_end, resolution=resolution, protocol=protocol,
+        choreography=choreo, t_end=PROTOCOLS[protocol].t_end, resolution=resolution,
     )
 
 

@@ -180,8 +180,10 @@ def test_supports_ties_gravity_and_tolerance_schedule(protocol, release, fade_fr
     goal = np.minimum(cap, ch.tie.target)
     np.testing.assert_allclose(np.asarray(at(tie_full).tie_length), goal, atol=1e-12)
     np.testing.assert_allclose(np.asarray(at(t_end - 0.5).tie_length), goal, atol=1e-12)
-    # the first tied step starts from the captured lengths (smoothstep: 3 (dt/span)² of the way, < 0.5 %)
-    np.testing.assert_allclose(np.asarray(at(tie_on).tie_length), cap, rtol=5e-3)
+    # the first tied step starts from the captured lengths: a smoothstep of dt / span of the way
+    s1 = float(B.smoothstep(dt / (tie_full - tie_on)))
+    np.testing.assert_allclose(np.asarray(at(tie_on).tie_length), cap + s1 * (goal - cap), atol=1e-12)
+    assert s1 < 3e-3
     # gravity cancelled on each sphere until its drop, never on the film
     g = ch.gravity
     for j, s in enumerate(ch.sphere_index):
