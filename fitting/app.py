@@ -3,13 +3,18 @@
 * :func:`fit_pouch` (the default): E, μf and kθ from the neck width (x, y) and flap height
   of the small pouch in ``scenes/pouch.py``, each alone or jointly, against synthetic or
   measured targets.
-* :func:`fit_bag`: the same three over a window of steps of the bag (``fitting.bag``).
+* :func:`fit_bag_rest` (``ipcjax fit --scene bag``): E, μf or kθ, or a pair, from the
+  481-vertex bag's rest shape after release, Gaussian-smoothed over the parameters
+  (``fitting.bag_rest``); writes ``out/fit.json``.
+* :func:`fit_bag`: the same three over a window of steps of the bag (``fitting.bag``;
+  ``--window``).
 * :func:`fit_cantilever`: one parameter from a clamped film's tip height, with adam.
 
-Each job builds one :class:`fitting.fit.MeasuredRollout` over all the parameters it may
-fit, so the rollout's forward and reverse passes compile once for every fit the job
-runs, and checks its inputs (targets, options, run folder) before that compilation.
-Each returns the summary it wrote to ``out/summary.json``.
+Each rollout job builds one :class:`fitting.fit.MeasuredRollout` over all the parameters
+it may fit, so the rollout's forward and reverse passes compile once for every fit the
+job runs, and checks its inputs (targets, options, run folder) before that compilation;
+each returns the summary it wrote to ``out/summary.json``. The rest-shape job runs its
+forward runs in worker processes and checks its inputs before starting them.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fitting.bag_rest import DEFAULT_SIGMA
 from fitting.fit import FitFailed, MeasuredRollout, fit_measured, levenberg_marquardt, plot_history, to_z
 from ipcjax.runfolder import prepare, write_json
 
@@ -108,7 +114,8 @@ def targets_from(path: str | None, values) -> np.ndarray | None:
 def check_window_flags(state_path: str | None, steps: int) -> None:
     """The ``--state`` and ``--window`` of ``ipcjax fit --scene bag``; FlagError if unusable."""
     if state_path is None:
-        raise FlagError("--scene bag needs --state: a state.npz written by `ipcjax bag` (e.g. runs/bag/state.npz)")
+        raise FlagError("--scene bag --window needs --state: a state.npz written by `ipcjax bag` "
+                        "(e.g. runs/bag/state.npz)")
     if not os.path.exists(state_path):
         raise FlagError(f"--state {state_path}: no such file")
     if steps < 1:
@@ -252,6 +259,175 @@ def fit_bag_state(out: str, state_path: str, steps: int, targets=None,
         print(f"fit: {e}", file=sys.stderr)
         return None
     return fit_bag(out, window, targets, options, state_path=state_path)
+
+
+class BagFitOptions(NamedTuple):
+    """What ``ipcjax fit --scene bag`` fits from the rest shape (``fitting.bag_rest``)."""
+
+    names: tuple = ("youngs_modulus",)  # one of BAG_NAMES, or a pair
+    start: str | None = None            # state file every forward run starts from (None: the tie checkpoint)
+    start_value: float | None = None    # start value of a single parameter
+    start_factor: float = 2.0           # otherwise start at this × the film default
+    iterations: int = 10                # maximum evaluations
+    sigma: float = DEFAULT_SIGMA        # smoothing width in log-parameter space (ln 2 / 7)
+    noise_mm: float = 0.5               # measurement noise of the error bar, mm
+    estimator: str = "stein"            # the smoothed gradient (fitting.bag_rest.ESTIMATORS)
+    workers: int | None = None          # node processes (None: the cores)
+    progress: bool = True
+
+    def check(self) -> None:
+        """ValueError naming the option that is unusable."""
+        from fitting.bag_rest import BAG_NAMES, ESTIMATORS
+
+        names = tuple(self.names)
+        if not 1 <= len(names) <= 2 or any(n not in BAG_NAMES for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"the bag fit fits one of {', '.join(BAG_NAMES)} or a pair of them; got {names}")
+        if self.start is not None:
+            from fitting.bag import load_state
+
+            load_state(self.start)  # FileNotFoundError / ValueError naming the file
+        for what, v in (("start_factor", self.start_factor), ("sigma", self.sigma), ("noise_mm", self.noise_mm)):
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{what} must be > 0; got {v}")
+        if self.start_value is not None and (len(names) != 1 or not (np.isfinite(self.start_value)
+                                                                      and self.start_value > 0)):
+            raise ValueError(f"start must be one value > 0 for a single parameter; got {self.start_value}")
+        if int(self.iterations) != self.iterations or self.iterations < 1:
+            raise ValueError(f"iterations must be a positive integer; got {self.iterations}")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
+
+
+def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions()) -> dict:
+    """``ipcjax fit --scene bag``: E, μf or kθ (or a pair) from the bag's rest shape.
+
+    Every evaluation runs the bag from ``options.start`` (default the tie checkpoint,
+    8.40 s) to 10.50 s at the smoothing nodes (:class:`fitting.bag_rest.BagRestProblem`),
+    and Levenberg–Marquardt steps from the smoothed measurements' Jacobian.
+
+    Args:
+        out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval,
+            identifiability, the reach message if any), ``fit.png``, ``mesh/`` (the best
+            evaluation's nodes' final frames) and ``nodes/`` (each node's run folder).
+        targets: measured (neck x, neck y, flap) in m; None: synthetic, the smoothed
+            measurements at the film defaults (one more evaluation).
+    Returns:
+        the contents of fit.json. ``fitted`` is None when the answer lies outside the
+        model's reach (``outside_reach`` says why) or the fit failed (``failed``).
+    """
+    from fitting import bag_rest as br
+    from fitting.fit import FitResult
+    from ipcjax.model import Params
+    from ipcjax.runfolder import Trajectory, read_npz
+    from scenes.bag import SPHERE_RADII
+    from scenes.outputs import export_meshes
+
+    options.check()
+    names = tuple(options.names)
+    targets = None if targets is None else check_targets(targets, "targets")
+    prepare(out)
+    t_start = time.perf_counter()
+    start = options.start or br.DEFAULT_START
+    known = _float64_params(Params.film_defaults())
+    problem = br.BagRestProblem(names, start, os.path.join(out, "nodes"), sigma=options.sigma,
+                                workers=options.workers, estimator=options.estimator)
+    record = dict(scene="bag", method="rest shape, Gaussian-smoothed over the parameters (fitting/bag_rest.py)",
+                  params=list(names), start_state=os.path.abspath(start), sigma_log=options.sigma,
+                  estimator=options.estimator, noise_mm=options.noise_mm,
+                  bounds={n: list(problem.bounds[n]) for n in names},
+                  known_params={n: float(getattr(known, n)) for n in br.BAG_NAMES})
+    synthetic = targets is None
+    result, failed, outside = None, None, None
+    try:
+        if synthetic:
+            targets = problem(to_z(names, known), known).y
+            record["synthetic_evaluation"] = problem.records.pop()
+        record.update(synthetic=synthetic, target_m=dict(zip(SHAPE_ROWS, map(float, targets))))
+        if options.start_value is not None:
+            starts = {names[0]: options.start_value}
+        else:
+            starts = {n: options.start_factor * float(getattr(known, n)) for n in names}
+        p0 = known._replace(**{n: np.float64(v) for n, v in starts.items()})
+        record["start"] = starts
+        result = fit_measured(problem, targets, p0, names, optimizer=levenberg_marquardt(),
+                              iterations=options.iterations, loss_tol=1e-4, scale=SHAPE_SCALE,
+                              progress=options.progress)
+    except br.OutsideRange as e:
+        outside = str(e)
+    except (br.NodeFailed, FitFailed) as e:
+        failed = str(e)
+    finally:
+        problem.close()
+    recs = problem.records
+    record["iterates"] = recs
+    if recs:
+        t_mm = np.asarray(targets) * 1e3
+        loss = lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t_mm) ** 2))
+        best = min(recs, key=loss)
+        J = np.asarray(best["J"]) * 1e3
+        J_rest = np.mean([nd["J_rest"] for nd in best["nodes"]], axis=0) * 1e3
+        reach = br.reach_message(names, problem.bounds, recs, targets)
+        if reach is not None:
+            outside = reach if outside is None else f"{reach} ({outside})"
+        record.update(
+            best=dict(params=best["params"], y_mm=(np.asarray(best["y"]) * 1e3).tolist(), loss_mm2=loss(best)),
+            jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),
+            interval_1sigma=br.interval(J, names, best["params"], options.noise_mm),
+            identifiability=dict(smoothed=br.identifiability(J, names, options.noise_mm),
+                                 rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)))
+        history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
+        try:
+            plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))
+        except ImportError:
+            pass
+        for j, nd in enumerate(best["nodes"]):
+            tr = read_npz(os.path.join(nd["run_dir"], "trajectory.npz"), "node trajectory")
+            last = Trajectory(tr["film"][-1:], tr["spheres"][-1:], tr["faces"], tr["time"][-1:])
+            export_meshes(os.path.join(out, "mesh"), last, SPHERE_RADII, prefix=f"node_{j}")
+    record.update(converged=bool(result.converged) if result is not None else False, failed=failed,
+                  outside_reach=outside,
+                  fitted=None if (failed or outside or not recs) else dict(best["params"]),
+                  evaluations=problem.evaluations,
+                  seconds_per_evaluation=problem.run_s / problem.evaluations if problem.evaluations else None,
+                  wall_s=time.perf_counter() - t_start, cpus=os.cpu_count(), load_average=list(os.getloadavg()))
+    write_json(os.path.join(out, "fit.json"), record)
+    return record
+
+
+def bag_rest_command(args, error) -> int:
+    """``ipcjax fit --scene bag`` without --window, from its parsed flags: the rest-shape
+    fit (:func:`fit_bag_rest`); ``error`` reports a usage error (argparse's). Returns the
+    exit status: 0 with a fitted value, 1 when the fit failed or the answer lies outside
+    the model's reach (both said on stderr and in fit.json)."""
+    import sys
+
+    from ipcjax import runfolder
+
+    if args.joint:
+        error("--scene bag fits one parameter (--param) or two (--pair), not --joint")
+    if args.pair and args.param:
+        error("give --param or --pair, not both")
+    names = tuple(args.pair.split(",")) if args.pair else (args.param or "youngs_modulus",)
+    try:
+        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap))
+    except FlagError as e:
+        error(str(e))
+    if args.synthetic and targets is not None:
+        error("--synthetic makes the targets; leave out --targets, --neck-x, --neck-y and --flap")
+    if targets is None and not args.synthetic:
+        from fitting.bag_rest import SPEC_TARGETS
+        targets = SPEC_TARGETS
+    options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
+                                iterations=10 if args.iterations is None else args.iterations,
+                                sigma=DEFAULT_SIGMA if args.sigma is None else args.sigma,
+                                noise_mm=args.noise, workers=args.workers, progress=not args.quiet)
+    options.check()
+    record = fit_bag_rest(args.out, targets, options)
+    print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
+    for what in ("failed", "outside_reach"):
+        if record[what]:
+            print(f"fit: {record[what]}", file=sys.stderr)
+    return 0 if record["fitted"] is not None else 1
 
 
 def fit_shape(out, scene, rollout, measure, known, *, targets, options, groups, t_start, extra) -> dict:

@@ -37,8 +37,7 @@ def _drape(argv):
     ap.add_argument("--radius", type=float, default=0.02, help="sphere radius in m (default 0.02)")
     ap.add_argument("--membrane", choices=["neo_hookean", "stvk"], default="neo_hookean")
     ap.add_argument("--bending", choices=["hinge", "discrete_shell"], default="hinge")
-    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="dense",
-                    help="Newton linear solve: dense Cholesky, sparse LDLT on the host, or matrix-free CG for large films")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="dense", help="Newton linear solve")
     ap.add_argument("--out", default="runs/drape", help="output folder (default runs/drape)")
     args = ap.parse_args(argv)
     _check(args.steps >= 1, f"--steps must be ≥ 1; got {args.steps}")
@@ -57,21 +56,17 @@ def _bag(argv):
         "The bag experiment (docs/spec.md §5): lower a 30 µm pouch bag into a bin, drop seven spheres, carry "
         "the bag to the floor, unfold, gather, cinch, tie and release. Writes trajectory.npz, "
         "state.npz (for --resume) and summary.json (measurements and self-intersection audit) to --out."))
-    ap.add_argument("--protocol", choices=["full", "short"], default="full", help="full: released at 9.40 s, end "
-                    "10.50 s; short: the earlier protocol, released at 7.35 s, end 8.45 s (docs/spec.md §5)")
+    ap.add_argument("--protocol", choices=["full", "short"], default="full", help="full: end 10.50 s; short: the "
+                    "earlier protocol, released at 7.35 s, end 8.45 s (docs/spec.md §5)")
     ap.add_argument("--until", type=float, help="simulated end time in s (default: the protocol's end)")
     ap.add_argument("--save-every", type=int, default=1, help="save every n-th step's frame (default 1)")
-    ap.add_argument("--resolution", choices=["full", "coarse"], default="full",
-                    help="full: 15 rings × 32 columns (481 vertices); coarse: 7 × 12 (85)")
+    ap.add_argument("--resolution", choices=["full", "coarse"], default="full", help="full: 481 vertices; coarse: 85")
     ap.add_argument("--out", default="runs/bag", help="run folder (default runs/bag)")
-    ap.add_argument("--resume", default=None, help="state .npz written by an earlier run (its state.npz)")
+    ap.add_argument("--resume", help="state .npz written by an earlier run (its state.npz)")
     ap.add_argument("--checkpoint-every", type=int, default=120, help="rewrite trajectory.npz, state.npz every n steps")
-    ap.add_argument("--mesh-every", type=int, default=24,
-                    help="write every n-th saved frame as .vtu/.obj under meshes/ (default 24; 0: none)")
-    ap.add_argument("--no-pictures", action="store_true",
-                    help="skip the time-series plot and the phase snapshots (PNG)")
-    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse",
-                    help="Newton linear solve (default sparse: host LDLT, exact; dense: FP64 Cholesky)")
+    ap.add_argument("--mesh-every", type=int, default=24, help="every n-th saved frame as .vtu/.obj in meshes/ (0: none)")
+    ap.add_argument("--no-pictures", action="store_true", help="skip the time-series plot and the phase snapshots")
+    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse", help="Newton linear solve")
     args = ap.parse_args(argv)
     _positive("--until", args.until)
     _check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
@@ -90,33 +85,37 @@ def _fit(argv):
         "30 µm film pouch around a sphere on a floor, pinched, tied and released; the measurements are its neck "
         "width (x, y) and flap height. Without targets they are simulated with the film's default parameters, "
         "and E, μf and kθ are each recovered alone from --start-factor × off (--joint: all three together). "
-        "--scene bag: the same three from the 481-vertex bag's neck and flap, over a window of --window steps "
-        "from a saved `ipcjax bag` state (--state, e.g. one saved before tying). --scene cantilever: a clamped "
+        "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, each evaluation running "
+        "it from the tie checkpoint (--state) to 10.50 s at two smoothing nodes, against the specification's "
+        "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
         "film's tip height, one parameter, adam. The jobs are in fitting/app.py."))
-    ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")
-    ap.add_argument("--state", default=None, help="bag: an `ipcjax bag` state.npz to start the window from")
-    ap.add_argument("--window", type=int, default=12, help="bag: window length in steps of 1/240 s (default 12)")
-    ap.add_argument("--param", default=None,
-                    choices=["bending_scale", "youngs_modulus", "thickness", "friction"],
-                    help="fit only this parameter (pouch default: E, μf and kθ in turn; cantilever: bending_scale)")
-    ap.add_argument("--joint", action="store_true", help="pouch, bag: fit E, μf and kθ together")
+    ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
+    for flag, kw in (("--state", dict(help="bag: state.npz to start from (default tests/data/bag_full_tie.npz)")),
+                     ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
+                     ("--pair", dict(help="bag: fit two parameters, e.g. youngs_modulus,friction")),
+                     ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
+                     ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (ln 2 / 7)")),
+                     ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
+                     ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
+        ap.add_argument(flag, **kw)
+    ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
+                    "this parameter (pouch: E, μf and kθ in turn; bag: E; cantilever: bending_scale)")
+    ap.add_argument("--joint", action="store_true", help="pouch, bag --window: fit E, μf and kθ together")
     ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
     ap.add_argument("--start-factor", type=float, default=2.0, help="pouch: start at this × the known value (default 2)")
-    ap.add_argument("--targets", default=None, help="pouch: JSON with neck_x_m, neck_y_m, flap_m (or an "
-                    "`ipcjax bag` summary.json with neck_width_mm, flap_height_mm)")
-    ap.add_argument("--neck-x", type=float, default=None, help="pouch: measured neck width along x, m")
-    ap.add_argument("--neck-y", type=float, default=None, help="pouch: measured neck width along y, m")
-    ap.add_argument("--flap", type=float, default=None, help="pouch: measured flap height, m")
-    ap.add_argument("--target", type=float, default=None, help="cantilever: measured tip height in m")
-    ap.add_argument("--steps", type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)")
-    ap.add_argument("--iterations", type=int, default=None, help="maximum iterations (pouch 30, cantilever 80)")
+    ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
+    for flag, what in (("--neck-x", "neck width along x"), ("--neck-y", "neck width along y"), ("--flap", "flap height")):
+        ap.add_argument(flag, type=float, default=None, help=f"pouch, bag: measured {what}, m")
+    for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
+                     ("--steps", dict(type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)"))):
+        ap.add_argument(flag, **kw)
+    ap.add_argument("--iterations", type=int, default=None, help="maximum iterations (pouch 30, bag 10, cantilever 80)")
     ap.add_argument("--lr", type=float, default=0.1, help="cantilever: adam learning rate on log-parameters")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
     args = ap.parse_args(argv)
 
-    # every input is checked here, before the job compiles anything; a ValueError or
-    # OSError (a bad value, a missing or malformed --targets file) is one line from main()
+    # every input is checked before the job compiles anything; a ValueError or OSError is one line from main()
     from fitting import app
 
     if args.scene == "cantilever":
@@ -126,6 +125,8 @@ def _fit(argv):
             args.out, args.param or "bending_scale", target=args.target, start=args.start, steps=args.steps,
             iterations=80 if args.iterations is None else args.iterations, lr=args.lr, progress=not args.quiet)))
         return 0
+    if args.scene == "bag" and args.window is None:
+        return app.bag_rest_command(args, ap.error)
     options = app.ShapeFitOptions(param=args.param, joint=args.joint, start=args.start, start_factor=args.start_factor,
                                   iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
     options.groups()

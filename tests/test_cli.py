@@ -110,18 +110,24 @@ BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8
 
 def test_fit_bag_needs_a_readable_bag_state(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--scene", "bag"])
-    assert "--scene bag needs --state" in capsys.readouterr().err
+        main(["fit", "--scene", "bag", "--window", "4"])
+    assert "--scene bag --window needs --state" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["fit", "--scene", "bag", "--state", str(tmp_path / "none.npz")])
+        main(["fit", "--scene", "bag", "--state", str(tmp_path / "none.npz"), "--window", "4"])
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["fit", "--scene", "bag", "--state", BAG_STATE, "--window", "0"])
     assert "--window must be ≥ 1" in capsys.readouterr().err
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((3, 3)))
-    assert main(["fit", "--scene", "bag", "--state", str(bad), "--quiet", "--out", str(tmp_path / "o")]) == 1
+    assert main(["fit", "--scene", "bag", "--state", str(bad), "--window", "4", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 1
     assert "not an `ipcjax bag` state file: missing v, t, step, resolution" in capsys.readouterr().err
+    # the rest-shape fit (no --window) reads its start state before any run starts
+    assert main(["fit", "--scene", "bag", "--state", str(bad), "--quiet", "--out", str(tmp_path / "o")]) == 2
+    assert "not an `ipcjax bag` state file: missing v, t, step, resolution" in capsys.readouterr().err
+    assert main(["fit", "--scene", "bag", "--state", str(tmp_path / "none.npz"), "--quiet"]) == 2
+    assert "none.npz" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ def no_fit(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a fit job started (and would compile) despite a bad input")
 
-    for job in ("fit_pouch", "fit_bag", "fit_cantilever"):
+    for job in ("fit_pouch", "fit_bag", "fit_bag_rest", "fit_cantilever"):
         monkeypatch.setattr(app, job, refuse)
 
 
@@ -98,6 +98,53 @@ def test_shape_fit_options_are_checked_before_any_compilation(tmp_path):
     with pytest.raises(ValueError, match="start must be > 0"):
         app.fit_cantilever(str(tmp_path / "o"), start=0.0)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint(tmp_path, monkeypatch):
+    """``ipcjax fit --scene bag``: E, the specification's targets, the tie checkpoint; the
+    exit status is 1 when no value was fitted (outside the model's reach or failed)."""
+    from fitting.bag_rest import DEFAULT_SIGMA, SPEC_TARGETS
+
+    seen = {}
+
+    def fake(out, targets, options):
+        seen.update(out=out, targets=targets, options=options)
+        return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …")
+
+    monkeypatch.setattr(app, "fit_bag_rest", fake)
+    assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 1
+    assert seen["targets"] == SPEC_TARGETS and seen["options"].names == ("youngs_modulus",)
+    assert seen["options"].start is None and seen["options"].sigma == DEFAULT_SIGMA
+    assert seen["options"].iterations == 10 and seen["options"].noise_mm == 0.5
+    main(["fit", "--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--quiet"])
+    assert seen["targets"] is None and seen["options"].names == ("youngs_modulus", "friction")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--joint"], "not --joint"),
+    (["--param", "friction", "--pair", "youngs_modulus,friction"], "give --param or --pair, not both"),
+    (["--synthetic", "--neck-x", "0.04", "--neck-y", "0.04", "--flap", "0.02"], "--synthetic makes the targets"),
+    (["--neck-x", "0.04"], "give all three of --neck-x, --neck-y and --flap"),
+])
+def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(names=("thickness",)), "fits one of youngs_modulus, friction, bending_scale or a pair"),
+    (dict(names=("youngs_modulus", "friction", "bending_scale")), "or a pair of them"),
+    (dict(sigma=0.0), "sigma must be > 0"),
+    (dict(noise_mm=-1.0), "noise_mm must be > 0"),
+    (dict(start_value=1e8, names=("youngs_modulus", "friction")), "for a single parameter"),
+    (dict(iterations=0), "iterations must be a positive integer"),
+    (dict(estimator="adjoint"), "estimator must be one of stein, rest"),
+])
+def test_bag_fit_options_are_checked_before_any_run(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        app.fit_bag_rest(str(tmp_path / "o"), None, app.BagFitOptions(**options))
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow

@@ -1,0 +1,234 @@
+"""The bag fit's parts (fitting/bag_rest.py): the rest-state derivative against finite
+differences of static equilibria, the smoothing rule, the error bar, the reach message,
+and the problem's refusals. The fit itself runs the 481-vertex bag (slow:
+tests/test_bag_fit_slow.py)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fitting import bag_rest as br
+from fitting.fit import from_z
+from ipcjax.candidates import initial_capacity
+from ipcjax.model import Config, Controls, Params
+from scenes.film import cantilever_scene
+
+NAMES = br.BAG_NAMES
+
+
+# --------------------------------------------------------------------------- rest-state derivative
+
+
+def _cantilever():
+    sc = cantilever_scene()
+    m = sc.model
+    cfg = Config()
+    cap = initial_capacity(m.topology)
+    ctl = Controls.empty(m.n_particles)
+    tip = jnp.asarray(sc.tip)
+    measure = lambda x: jnp.stack([jnp.mean(x[tip, 2]), x[tip[-1], 0] - x[tip[0], 0], jnp.max(x[:, 2])])
+    return sc, m, cfg, cap, ctl, measure
+
+
+_SOLVERS = {}
+
+
+def _static_solve(m, cfg, cap, ctl, params, x_start, dt):
+    """The equilibrium G(x; θ) = 0 by Newton from x_start, the friction anchor at x_start,
+    with the Hessian from jax.jacfwd of G (independent of the assembled blocks)."""
+    from ipcjax.newton import query_contacts
+
+    anchor = jnp.asarray(x_start)
+    free = m.free_particles
+    if id(m) not in _SOLVERS:
+        cs, _ = query_contacts(anchor, anchor, m, cfg, cap)
+
+        def G(u, p):
+            prob = br.rest_problem(m, cfg, p, anchor, ctl, dt=dt, contacts=cs)
+            return br.rest_residual(anchor.at[free].set(u.reshape(-1, 3)), prob, cs)
+
+        _SOLVERS[id(m)] = (m, jax.jit(G), jax.jit(jax.jacfwd(G)))
+    _, G, dG = _SOLVERS[id(m)]
+    u = anchor[free].reshape(-1)
+    for _ in range(30):
+        g = G(u, params)
+        if float(jnp.max(jnp.abs(g))) < 1e-14:
+            break
+        u = u - jnp.linalg.solve(dG(u, params), g)
+    assert float(jnp.max(jnp.abs(G(u, params)))) < 1e-13, "the static solve did not converge"
+    return anchor.at[free].set(u.reshape(-1, 3))
+
+
+def test_rest_jacobian_matches_central_differences_of_static_equilibria():
+    """dy/dz of make_rest_jacobian at an equilibrium x* equals central differences of the
+    measurements of equilibria re-solved at θ·e^{±h}: E and kθ non-zero, μf exactly zero
+    (no contact: no friction load)."""
+    sc, m, cfg, cap, ctl, measure = _cantilever()
+    dt = 1 / 240
+    p0 = Params.film_defaults()
+    x_flat = jnp.asarray(sc.x, jnp.float64)
+    x_star = _static_solve(m, cfg, cap, ctl, p0, x_flat, dt)
+    assert float(jnp.min(x_star[:, 2])) < 0.05 - 1e-4  # it droops
+    jac = br.make_rest_jacobian(m, cfg, cap, measure)
+    v = (x_star - x_flat) / dt                        # anchor = x* − dt·v = the flat start
+    y, J, L, residual, force, overflow = jac(x_star, v, p0, ctl, jnp.asarray(dt))
+    assert not bool(overflow) and bool(jnp.all(jnp.isfinite(L)))
+    assert float(jnp.max(jnp.abs(residual))) < 1e-6 * float(force)   # an equilibrium, to round-off
+    J = np.asarray(J)
+    z0 = np.log([float(getattr(p0, n)) for n in NAMES])
+    h = 1e-4
+    for i, n in enumerate(NAMES):
+        if n == "friction":
+            assert np.all(J[:, i] == 0.0)
+            continue
+        ys = []
+        for s in (+1, -1):
+            z = z0.copy(); z[i] += s * h
+            p = from_z(NAMES, jnp.asarray(z), p0)
+            ys.append(np.asarray(measure(_static_solve(m, cfg, cap, ctl, p, x_flat, dt))))
+        fd = (ys[0] - ys[1]) / (2 * h)
+        assert np.max(np.abs(J[:, i])) > 1e-6, n                 # the parameter moves the plate
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-5, atol=1e-9 * np.max(np.abs(fd)), err_msg=n)
+
+
+def test_rest_jacobian_refuses_an_unstable_state():
+    """A plate squeezed to half its width with next to no bending stiffness: its membrane
+    Hessian in compression is indefinite, and the Cholesky factor comes back non-finite
+    (which run_node records as ``stable=False`` and check_rest refuses)."""
+    sc, m, cfg, cap, ctl, measure = _cantilever()
+    jac = br.make_rest_jacobian(m, cfg, cap, measure)
+    x = jnp.asarray(sc.x, jnp.float64)
+    free = ~np.asarray(m.fixed)
+    xc = x.at[:, 0].set(jnp.where(jnp.asarray(free), 0.5 * x[:, 0] + 0.005, x[:, 0]))  # squeezed: membrane buckles
+    _, _, L, _, _, _ = jac(xc, jnp.zeros_like(x), Params.film_defaults(bending_scale=1e-6), ctl, jnp.asarray(1 / 240))
+    assert not bool(jnp.all(jnp.isfinite(L)))
+
+
+# --------------------------------------------------------------------------- smoothing
+
+
+def _node(z, y, J=None, *, stable=True, residual_ratio=0.0):
+    return br.NodeResult(z=np.asarray(z, float), y=np.asarray(y, float), J=np.zeros((3, 3)) if J is None else J,
+                         residual_ratio=residual_ratio, stable=stable, max_speed=0.0, wall_s=0.0, run_dir="")
+
+
+def test_check_rest_refuses_what_the_rest_derivative_cannot_use():
+    z = np.log([315e6, 0.35, 1.0])
+    br.check_rest(_node(z, [0.04, 0.04, 0.015]))
+    with pytest.raises(br.NodeFailed, match="not a stable equilibrium"):
+        br.check_rest(_node(z, [0.04, 0.04, 0.015], stable=False))
+    with pytest.raises(br.NodeFailed, match=r"youngs_modulus = 3.15e\+08.*not at rest: unbalanced force 0.02"):
+        br.check_rest(_node(z, [0.04, 0.04, 0.015], residual_ratio=0.02))
+    with pytest.raises(br.NodeFailed, match="not finite"):
+        br.check_rest(_node(z, [0.04, 0.04, 0.015], np.full((3, 3), np.nan)))
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_sigma_points_have_the_gaussians_moments(d):
+    off, w = br.sigma_points(d, 0.2)
+    assert off.shape == (2 * d, d) and np.isclose(w.sum(), 1.0)
+    np.testing.assert_allclose(w @ off, 0.0, atol=1e-15)
+    np.testing.assert_allclose((w[:, None, None] * off[:, :, None] * off[:, None, :]).sum(0), 0.04 * np.eye(d))
+
+
+def test_smooth_gives_the_gaussian_mean_and_steins_gradient_of_a_quadratic():
+    """For y(z) = a z² + b z + c the two-node rule is exact: ȳ = a(z² + σ²) + b z + c and
+    Stein's estimate (y₊ − y₋)/(2σ) = 2 a z + b; the "rest" estimator averages the nodes'
+    own derivatives, except for μf (path only), which always takes Stein's."""
+    a, b, c = np.array([1.5, -2.0, 0.3]), np.array([0.2, 0.7, -1.1]), np.array([0.04, 0.03, 0.01])
+    sigma, z = 0.1, 0.37
+    off, w = br.sigma_points(1, sigma)
+    y = lambda t: a * t * t + b * t + c
+    for name in ("youngs_modulus", "friction"):
+        k = NAMES.index(name)
+        nodes = []
+        for o in off[:, 0]:
+            J = np.zeros((3, 3)); J[:, k] = 2 * a * (z + o) + b
+            zz = np.zeros(3); zz[k] = z + o
+            nodes.append(_node(zz, y(z + o), J))
+        ybar, Jst = br.smooth(nodes, off, w, (name,), sigma, "stein")
+        np.testing.assert_allclose(ybar, a * (z * z + sigma**2) + b * z + c, rtol=1e-12)
+        np.testing.assert_allclose(Jst[:, 0], 2 * a * z + b, rtol=1e-10)
+        _, Jr = br.smooth(nodes, off, w, (name,), sigma, "rest")
+        np.testing.assert_allclose(Jr[:, 0], 2 * a * z + b, rtol=1e-10)
+    # a node derivative that disagrees with the values shows in "rest", not in "stein"
+    nodes = [_node(np.zeros(3), y(z + o), np.full((3, 3), 9.0)) for o in off[:, 0]]
+    assert np.allclose(br.smooth(nodes, off, w, ("youngs_modulus",), sigma, "rest")[1], 9.0)
+    assert np.allclose(br.smooth(nodes, off, w, ("friction",), sigma, "rest")[1][:, 0], 2 * a * z + b)
+
+
+# --------------------------------------------------------------------------- what a fit says
+
+
+def test_interval_is_the_gauss_newton_one_and_infinite_where_blind():
+    J = np.array([[4.0], [3.0], [0.0]])                  # ‖J‖ = 5 mm per unit log
+    iv = br.interval(J, ("youngs_modulus",), {"youngs_modulus": 300e6}, 0.5)["youngs_modulus"]
+    assert math.isclose(iv["sigma_log"], 0.1)
+    assert math.isclose(iv["low"], 300e6 * math.exp(-0.1)) and math.isclose(iv["high"], 300e6 * math.exp(0.1))
+    blind = br.interval(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
+                        {"youngs_modulus": 1.0, "bending_scale": 1.0}, 0.5)
+    assert math.isinf(blind["bending_scale"]["sigma_log"]) and math.isinf(blind["bending_scale"]["high"])
+    ident = br.identifiability(np.array([[4.0, 1e-3], [3.0, 0.0], [1.0, 0.0]]), ["youngs_modulus", "bending_scale"],
+                               0.5)
+    assert ident["below_noise"] == ["bending_scale"] and ident["condition_number"] > 1e3
+
+
+def _record(value, y, J):
+    return dict(params={"youngs_modulus": value}, y=list(y), J=[[j] for j in J], z=[math.log(value)])
+
+
+def test_reach_message_names_the_range_when_the_loss_falls_outward_at_its_end():
+    bounds = {"youngs_modulus": (78.75e6, 1260e6)}
+    t = np.array([38.83e-3, 37.20e-3, 18.43e-3])
+    # at the lower end the neck is still too wide and grows with E: the loss falls below the range
+    recs = [_record(300e6, [47e-3, 42e-3, 15.7e-3], [5e-3, 3e-3, 1e-3]),
+            _record(80e6, [44e-3, 41e-3, 15e-3], [5e-3, 3e-3, 1e-3])]
+    msg = br.reach_message(("youngs_modulus",), bounds, recs, t)
+    assert msg is not None and msg.startswith("no youngs_modulus in [7.875e+07, 1.26e+09] brings the neck")
+    assert "44.00 × 41.00 mm" in msg
+    # an interior minimum: no message
+    recs = [_record(300e6, [38.9e-3, 37.1e-3, 18.4e-3], [5e-3, 3e-3, 1e-3])]
+    assert br.reach_message(("youngs_modulus",), bounds, recs, t) is None
+
+
+# --------------------------------------------------------------------------- the problem's refusals
+
+
+def test_problem_refuses_bad_settings_before_running(tmp_path):
+    with pytest.raises(ValueError, match="fits one or more of youngs_modulus, friction, bending_scale"):
+        br.BagRestProblem(("thickness",), br.DEFAULT_START, str(tmp_path))
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), sigma=0.0)
+    with pytest.raises(ValueError, match="estimator must be one of stein, rest"):
+        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), estimator="adjoint")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        br.BagRestProblem(("youngs_modulus",), str(tmp_path / "none.npz"), str(tmp_path))
+
+
+def test_problem_runs_the_sigma_points_and_stops_outside_its_range(tmp_path, monkeypatch):
+    """Nodes at z ± σ along the fitted parameter only, the others at the film defaults; an
+    iterate outside the range raises OutsideRange before any node runs."""
+    seen = []
+
+    def fake(task):
+        start, z, out, until, audit_every = task
+        seen.append(np.asarray(z))
+        return _node(z, [0.04 + 0.01 * z[0], 0.04, 0.015])
+
+    monkeypatch.setattr(br, "_node_task", fake)
+    pb = br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), sigma=0.1, workers=1)
+    z = math.log(400e6)
+    ev = pb(np.array([z]), None)
+    d = np.log([float(getattr(Params.film_defaults(), n)) for n in NAMES])
+    assert len(seen) == 2
+    np.testing.assert_allclose(seen[0], [z + 0.1, d[1], d[2]])
+    np.testing.assert_allclose(seen[1], [z - 0.1, d[1], d[2]])
+    np.testing.assert_allclose(ev.J[:, 0], [0.01, 0.0, 0.0], atol=1e-12)   # Stein: (y₊ − y₋)/(2σ)
+    assert len(pb.records) == 1 and pb.records[0]["params"]["youngs_modulus"] == pytest.approx(400e6)
+    with pytest.raises(br.OutsideRange, match=r"youngs_modulus = 2e\+09 is outside the fit's range") as e:
+        pb(np.array([math.log(2e9)]), None)
+    assert len(seen) == 2 and e.value.records is pb.records
