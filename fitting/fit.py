@@ -13,8 +13,9 @@ and a fit of a subset of the names takes J's columns for that subset.
 
 Positive parameters are fitted as log p, Poisson's ratio as logit(2ν). Every iteration is
 recorded (loss, parameters, gradient norm, wall time); the loop stops early when the
-loss or its relative change is small. A failed step inside a rollout stops the fit with
-the step index and the reason (:class:`FitFailed`); parameters never become NaN.
+loss or its relative change is small; the progress bar shows each evaluation's loss, its
+parameters and the step max |Δz| that led to it. A failed step inside a rollout stops the
+fit with the step index and the reason (:class:`FitFailed`); parameters never become NaN.
 """
 from __future__ import annotations
 
@@ -377,13 +378,15 @@ def fit_measured(problem: MeasuredRollout, target, params0: Params, names: Seque
                 best = (loss, z_all)
             if bar:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3e}")
+                bar.set_postfix(loss=f"{loss:.3e}", **{n: f"{v:.4g}" for n, v in history[-1]["params"].items()},
+                                step="-" if prev is None else f"{np.max(np.abs(np.asarray(z) - z_prev)):.3g}")
             if loss < loss_tol or (prev is not None and rel_tol > 0 and abs(prev - loss) <= rel_tol * prev):
                 converged = True
                 break
             if not np.all(np.isfinite(g)):
                 raise FitFailed(-1, "non-finite gradient", it)
             upd, state = opt.update(jnp.asarray(g), state, z, value=jnp.asarray(loss), jacobian=jnp.asarray(Jr))
+            z_prev = np.asarray(z)
             z = optax.apply_updates(z, upd)
             prev = loss
     finally:
