@@ -4,9 +4,10 @@ bag-fit section.
     python3 benchmarks/bag_sweep.py --param youngs_modulus --out runs/sweep_E
 
 Runs the bag from the tie checkpoint (tests/data/bag_full_tie.npz, 8.40 s) to 10.50 s at
-the factors 2^(k/7) of the parameter's film default, k = −8 … 8: one grid step is the fit's
-smoothing width σ = ln 2 / 7 (fitting.bag_rest.DEFAULT_SIGMA), so the 15 points k = −7 … 7
-(× 0.5 … 2.0) each have their two smoothing nodes on the grid. Each run is
+the factors 2^(k/7) of the parameter's film default, k = −7 − w … 7 + w: a smoothing width
+of w grid steps (``--width``, default 2: the fit's σ = 2 ln 2 / 7,
+fitting.bag_rest.DEFAULT_SIGMA) gives the 15 points k = −7 … 7 (× 0.5 … 2.0) their two
+smoothing nodes on the grid. Each run is
 :func:`fitting.bag_rest.run_node` in ``--workers`` processes, and appends one JSON line
 per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the rest-state Jacobian in mm
 per unit log-parameter, wall time; or the error). A sweep stopped part-way continues
@@ -46,42 +47,55 @@ def _one(args):
 
 
 def grid(half: int, step: float):
-    """Factors e^{k·step}, k = −half−1 … half+1: 2·half + 1 sweep points, each with its two
-    smoothing nodes on the grid (the outer two are nodes only)."""
+    """Factors e^{k·step}, k = −half − 1 … half + 1."""
     return [math.exp(k * step) for k in range(-half - 1, half + 2)]
 
 
-def report(folder, param="youngs_modulus", target=None, png=None) -> dict:
+STEP = math.log(2.0) / 7  # the grid step in log-parameters (fitting.bag_rest.DEFAULT_SIGMA is 2 steps)
+
+
+def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2) -> dict:
     """The smoothed loss along the sweep and its two gradient estimates, from sweep.jsonl.
 
-    At sweep point k (nodes k ± 1): ȳ = (y₋ + y₊)/2, L = Σ ((ȳ − t)/1 mm)², Stein's gradient
-    2 rᵀ(y₊ − y₋)/(2σ) and the rest-state one 2 rᵀ(J₋ + J₊)/2, in mm² per unit log-parameter;
-    the slope is the central difference of L over the neighbouring points (one-sided at
-    the ends). ``target`` (m): default the smoothed measurement at the film default (k = 0).
+    Smoothing width σ = ``width`` grid steps. At sweep point k (nodes k ± width):
+    ȳ = (y₋ + y₊)/2, L = Σ ((ȳ − t)/1 mm)², Stein's gradient 2 rᵀ(y₊ − y₋)/(2σ) and the
+    rest-state one 2 rᵀ(J₋ + J₊)/2, in mm² per unit log-parameter; the slope is the central
+    difference of L over the neighbouring points (one-sided at the ends). ``target`` (m):
+    default the smoothed measurement at the film default (k = 0).
     """
-    from fitting.bag_rest import BAG_NAMES, DEFAULT_SIGMA
+    from fitting.bag_rest import BAG_NAMES
 
+    w = int(width)
+    sigma = w * STEP
     rows = [r for r in map(json.loads, open(os.path.join(folder, "sweep.jsonl"))) if r["param"] == param]
-    by_k = {round(math.log(r["factor"]) / DEFAULT_SIGMA): r for r in rows}
+    by_k = {round(math.log(r["factor"]) / STEP): r for r in rows}
     bad = {k: r["error"] for k, r in by_k.items() if "error" in r}
-    ks = sorted(k for k in by_k if k - 1 in by_k and k + 1 in by_k and not {k - 1, k + 1} & set(bad))
+    ks = sorted(k for k in by_k if k - w in by_k and k + w in by_k and not {k - w, k + w} & set(bad))
     col = BAG_NAMES.index(param)
     Y = {k: np.asarray(r["y_mm"]) for k, r in by_k.items() if k not in bad}
     Jr = {k: np.asarray(r["J_rest_mm"])[:, col] for k, r in by_k.items() if k not in bad}
-    ybar = {k: 0.5 * (Y[k - 1] + Y[k + 1]) for k in ks}
+    ybar = {k: 0.5 * (Y[k - w] + Y[k + w]) for k in ks}
     t = ybar[0] if target is None else np.asarray(target) * 1e3
     loss = {k: float(np.sum((ybar[k] - t) ** 2)) for k in ks}
-    stein = {k: float(2 * (ybar[k] - t) @ (Y[k + 1] - Y[k - 1]) / (2 * DEFAULT_SIGMA)) for k in ks}
-    rest = {k: float(2 * (ybar[k] - t) @ (0.5 * (Jr[k - 1] + Jr[k + 1]))) for k in ks}
+    stein = {k: float(2 * (ybar[k] - t) @ (Y[k + w] - Y[k - w]) / (2 * sigma)) for k in ks}
+    rest = {k: float(2 * (ybar[k] - t) @ (0.5 * (Jr[k - w] + Jr[k + w]))) for k in ks}
     slope = {}
     for k in ks:
         lo, hi = (k - 1 if k - 1 in loss else k), (k + 1 if k + 1 in loss else k)
         if hi > lo:
-            slope[k] = (loss[hi] - loss[lo]) / ((hi - lo) * DEFAULT_SIGMA)
+            slope[k] = (loss[hi] - loss[lo]) / ((hi - lo) * STEP)
     match = lambda g: sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / max(len(slope), 1)
-    table = [dict(factor=math.exp(k * DEFAULT_SIGMA), y_mm=Y[k].tolist(), y_smoothed_mm=ybar[k].tolist(),
+    table = [dict(factor=math.exp(k * STEP), y_mm=Y[k].tolist(), y_smoothed_mm=ybar[k].tolist(),
                   loss_mm2=loss[k], slope=slope.get(k), stein=stein[k], rest=rest[k]) for k in ks]
-    out = dict(param=param, target_mm=t.tolist(), points=table, failed=bad,
+    # one line per measurement over every run: its trend and the runs' scatter about it
+    kk = np.array(sorted(Y)) * STEP
+    Ym = np.stack([Y[k] for k in sorted(Y)])
+    A = np.stack([np.ones_like(kk), kk], axis=1)
+    coef, *_ = np.linalg.lstsq(A, Ym, rcond=None)
+    scatter = np.std(Ym - A @ coef, axis=0, ddof=2)
+    trend = dict(slope_mm_per_log=coef[1].tolist(), scatter_mm=scatter.tolist(),
+                 sigma_log_from_scatter=float(1.0 / np.sqrt(np.sum(coef[1] ** 2 / scatter**2))))
+    out = dict(param=param, sigma=sigma, target_mm=t.tolist(), points=table, failed=bad, trend=trend,
                sign_match_stein=float(match(stein)), sign_match_rest=float(match(rest)))
     if png:
         import matplotlib
@@ -92,14 +106,14 @@ def report(folder, param="youngs_modulus", target=None, png=None) -> dict:
         fig, ax = plt.subplots(3, 1, figsize=(6.5, 8), sharex=True)
         allk = sorted(Y)
         for i, name in enumerate(("neck x", "neck y", "flap")):
-            ax[0].plot([math.exp(k * DEFAULT_SIGMA) for k in allk], [Y[k][i] for k in allk], "o:", ms=3,
+            ax[0].plot([math.exp(k * STEP) for k in allk], [Y[k][i] for k in allk], "o:", ms=3,
                        label=f"{name} (one run)")
             ax[0].plot(f, [r["y_smoothed_mm"][i] for r in table], "-", color=ax[0].lines[-1].get_color())
         ax[0].set_ylabel("mm"); ax[0].legend(fontsize=7, ncol=3)
         ax[1].plot(f, [r["loss_mm2"] for r in table], "k.-"); ax[1].set_ylabel("smoothed loss, mm²")
         ax[2].plot(f, [r["stein"] for r in table], "b.-", label="Stein (fit)")
         ax[2].plot(f, [r["rest"] for r in table], "g.--", label="rest-state IFT")
-        ax[2].plot([math.exp(k * DEFAULT_SIGMA) for k in slope], list(slope.values()), "r+", label="loss slope")
+        ax[2].plot([math.exp(k * STEP) for k in slope], list(slope.values()), "r+", label="loss slope")
         ax[2].axhline(0, color="0.6", lw=0.5); ax[2].set_ylabel("dL/dlog p, mm²"); ax[2].legend(fontsize=7)
         ax[2].set_xscale("log"); ax[2].set_xlabel(f"{param} / film default")
         fig.tight_layout(); fig.savefig(png); plt.close(fig)
@@ -115,12 +129,17 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/sweep")
     ap.add_argument("--report", action="store_true", help="print the table of OUT/sweep.jsonl and write OUT/sweep.png")
     ap.add_argument("--spec-targets", action="store_true", help="report: the loss against the specification's bag")
+    ap.add_argument("--width", type=int, default=2, help="smoothing width σ in grid steps of ln 2 / 7 (default 2, "
+                    "the fit's); the sweep runs k = −7 − w … 7 + w")
     a = ap.parse_args(argv)
     if a.report:
         from fitting.bag_rest import SPEC_TARGETS
 
-        r = report(a.out, a.param, SPEC_TARGETS if a.spec_targets else None,
-                   os.path.join(a.out, "sweep_spec.png" if a.spec_targets else "sweep.png"))
+        name = f"sweep_w{a.width}" + ("_spec" if a.spec_targets else "")
+        r = report(a.out, a.param, SPEC_TARGETS if a.spec_targets else None, os.path.join(a.out, name + ".png"),
+                   a.width)
+        with open(os.path.join(a.out, name + ".json"), "w") as f:
+            json.dump(r, f, indent=1)
         print(f"{'factor':>7} {'neck x':>7} {'neck y':>7} {'flap':>6} | {'x̄':>6} {'ȳ':>6} {'flap̄':>6} "
               f"{'loss':>8} {'slope':>8} {'Stein':>8} {'rest':>8}")
         for p in r["points"]:
@@ -131,15 +150,18 @@ def main(argv=None):
         print(f"sign of the gradient = sign of the loss slope: Stein {r['sign_match_stein']:.0%}, "
               f"rest-state {r['sign_match_rest']:.0%}; target {np.round(r['target_mm'], 2).tolist()} mm"
               + (f"; failed runs: {r['failed']}" if r["failed"] else ""))
+        tr = r["trend"]
+        print("trend over all runs (mm per unit log-parameter): "
+              + ", ".join(f"{n} {a:+.2f} ± scatter {b:.2f} mm" for n, a, b in
+                          zip(("neck x", "neck y", "flap"), tr["slope_mm_per_log"], tr["scatter_mm"]))
+              + f"; one run's scatter alone pins the log-parameter to ±{tr['sigma_log_from_scatter']:.3f}")
         return
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "sweep.jsonl")
     done = set()
     if os.path.exists(path):
         done = {(r["param"], round(r["factor"], 9)) for r in map(json.loads, open(path)) if "error" not in r}
-    from fitting.bag_rest import DEFAULT_SIGMA
-
-    factors = grid(a.half, DEFAULT_SIGMA)
+    factors = grid(a.half + a.width - 1, STEP)  # k = −half − width … half + width
     todo = [(a.param, f, a.out, a.start) for f in factors if (a.param, round(f, 9)) not in done]
     with cf.ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn")) as pool:
         for r in pool.map(_one, todo):

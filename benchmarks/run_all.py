@@ -30,9 +30,10 @@ SHORT = {
 }
 # Not run here: helpers, this runner, and scripts run by hand that print a table or a verdict
 # rather than JSON figures (their commands and output are in docs/: bad_inputs in
-# validation.md, gradient_tolerance and same_trajectory in benchmarks.md).
+# validation.md, gradient_tolerance and same_trajectory in benchmarks.md, bag_sweep — an
+# hour of bag runs — in differentiation.md).
 NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py",
-                  "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py"}
+                  "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py", "bag_sweep.py"}
 
 
 def _json_of(stdout: str):

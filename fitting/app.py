@@ -269,7 +269,7 @@ class BagFitOptions(NamedTuple):
     start_value: float | None = None    # start value of a single parameter
     start_factor: float = 2.0           # otherwise start at this × the film default
     iterations: int = 10                # maximum evaluations
-    sigma: float = DEFAULT_SIGMA        # smoothing width in log-parameter space (ln 2 / 7)
+    sigma: float = DEFAULT_SIGMA        # smoothing width in log-parameter space (2 ln 2 / 7)
     noise_mm: float = 0.5               # measurement noise of the error bar, mm
     estimator: str = "stein"            # the smoothed gradient (fitting.bag_rest.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
@@ -352,8 +352,6 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         result = fit_measured(problem, targets, p0, names, optimizer=levenberg_marquardt(),
                               iterations=options.iterations, loss_tol=1e-4, scale=SHAPE_SCALE,
                               progress=options.progress)
-    except br.OutsideRange as e:
-        outside = str(e)
     except (br.NodeFailed, FitFailed) as e:
         failed = str(e)
     finally:
@@ -366,9 +364,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         best = min(recs, key=loss)
         J = np.asarray(best["J"]) * 1e3
         J_rest = np.mean([nd["J_rest"] for nd in best["nodes"]], axis=0) * 1e3
-        reach = br.reach_message(names, problem.bounds, recs, targets)
-        if reach is not None:
-            outside = reach if outside is None else f"{reach} ({outside})"
+        outside = br.reach_message(names, problem.bounds, recs, targets)
         record.update(
             best=dict(params=best["params"], y_mm=(np.asarray(best["y"]) * 1e3).tolist(), loss_mm2=loss(best)),
             jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),

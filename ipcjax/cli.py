@@ -94,7 +94,7 @@ def _fit(argv):
                      ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
                      ("--pair", dict(help="bag: fit two parameters, e.g. youngs_modulus,friction")),
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
-                     ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (ln 2 / 7)")),
+                     ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (2 ln 2 / 7)")),
                      ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
                      ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
         ap.add_argument(flag, **kw)
