@@ -412,11 +412,12 @@ def bag_rest_command(args, error) -> int:
         error("--synthetic makes the targets; leave out --targets, --neck-x, --neck-y and --flap")
     if targets is None and not args.synthetic:
         from fitting.bag_rest import SPEC_TARGETS
+
         targets = SPEC_TARGETS
     options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
-                                iterations=10 if args.iterations is None else args.iterations,
-                                sigma=DEFAULT_SIGMA if args.sigma is None else args.sigma,
-                                noise_mm=args.noise, workers=args.workers, progress=not args.quiet)
+                            iterations=10 if args.iterations is None else args.iterations,
+                            sigma=DEFAULT_SIGMA if args.sigma is None else args.sigma,
+                            noise_mm=args.noise, workers=args.workers, progress=not args.quiet)
     options.check()
     record = fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))

@@ -396,8 +396,8 @@ class BagRestProblem:
             pass
 
     def __call__(self, z, params) -> Evaluation:
-        """(ȳ, J̄) at the log-parameters z (over ``names``); the other parameters are the
-        film defaults (``params`` is accepted for :func:`fit_measured` and must agree)."""
+        """(ȳ, J̄) at the log-parameters z (over ``names``); the parameters not fitted are
+        the film defaults' (``params``, which :func:`fit_measured` passes, is not read)."""
         t0 = time.perf_counter()
         z_asked = np.asarray(z, np.float64).reshape(len(self.names))
         lo, hi = (np.log([self.bounds[n][i] for n in self.names]) for i in (0, 1))
