@@ -271,6 +271,7 @@ class BagFitOptions(NamedTuple):
     iterations: int = 10                # maximum evaluations
     sigma: float = DEFAULT_SIGMA        # smoothing width in log-parameter space (2 ln 2 / 7)
     noise_mm: float = 0.5               # measurement noise of the error bar, mm
+    model_scatter_mm: tuple | None = None  # one run's scatter (neck x, y, flap), mm (None: bag_rest.MODEL_SCATTER_MM)
     estimator: str = "stein"            # the smoothed gradient (fitting.bag_rest.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
     progress: bool = True
@@ -294,6 +295,11 @@ class BagFitOptions(NamedTuple):
             raise ValueError(f"start must be one value > 0 for a single parameter; got {self.start_value}")
         if int(self.iterations) != self.iterations or self.iterations < 1:
             raise ValueError(f"iterations must be a positive integer; got {self.iterations}")
+        if self.model_scatter_mm is not None:
+            s = np.asarray(self.model_scatter_mm, np.float64)
+            if s.shape != (3,) or not np.all(np.isfinite(s) & (s > 0)):
+                raise ValueError("model_scatter_mm must be three values > 0 (neck x, neck y, flap, mm); "
+                                 f"got {self.model_scatter_mm}")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
 
@@ -306,8 +312,9 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     and Levenberg–Marquardt steps from the smoothed measurements' Jacobian.
 
     Args:
-        out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval,
-            identifiability, the reach message if any), ``fit.png``, ``mesh/`` (the best
+        out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
+            the measurement noise, identifiability, what the model's own scatter allows
+            (:func:`fitting.bag_rest.scatter_budget`), the reach message if any), ``fit.png``, ``mesh/`` (the best
             evaluation's nodes' final frames) and ``nodes/`` (each node's run folder).
         targets: measured (neck x, neck y, flap) in m; None: synthetic, the smoothed
             measurements at the film defaults (one more evaluation).
@@ -370,7 +377,9 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),
             interval_1sigma=br.interval(J, names, best["params"], options.noise_mm),
             identifiability=dict(smoothed=br.identifiability(J, names, options.noise_mm),
-                                 rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)))
+                                 rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)),
+            model_scatter=br.scatter_budget(J, names, best["params"], options.model_scatter_mm or br.MODEL_SCATTER_MM,
+                                            len(best["nodes"])))
         history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))
@@ -388,6 +397,19 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
                   wall_s=time.perf_counter() - t_start, cpus=os.cpu_count(), load_average=list(os.getloadavg()))
     write_json(os.path.join(out, "fit.json"), record)
     return record
+
+
+def _three_mm(text, error):
+    """``--model-scatter X,Y,F`` (mm) as a tuple, None when not given; ``error`` on bad text."""
+    if text is None:
+        return None
+    try:
+        v = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        v = ()
+    if len(v) != 3 or not all(np.isfinite(x) and x > 0 for x in v):
+        error(f"--model-scatter takes three values > 0 in mm (neck x, neck y, flap), e.g. 1.71,3.29,1.06; got {text!r}")
+    return v
 
 
 def bag_rest_command(args, error) -> int:
@@ -417,7 +439,8 @@ def bag_rest_command(args, error) -> int:
     options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
                             iterations=10 if args.iterations is None else args.iterations,
                             sigma=DEFAULT_SIGMA if args.sigma is None else args.sigma,
-                            noise_mm=args.noise, workers=args.workers, progress=not args.quiet)
+                            noise_mm=args.noise, model_scatter_mm=_three_mm(args.model_scatter, error),
+                            workers=args.workers, progress=not args.quiet)
     options.check()
     record = fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))

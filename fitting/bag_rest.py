@@ -464,20 +464,26 @@ SPEC_TARGETS = (38.83e-3, 37.20e-3, 18.43e-3)
 DEFAULT_NOISE = 0.5e-3
 
 
-def interval(J_mm, names, values, noise_mm: float) -> dict:
-    """1σ intervals of the fitted parameters for independent measurement noise ``noise_mm``.
+def interval(J_mm, names, values, noise_mm) -> dict:
+    """1σ intervals of the fitted parameters for independent measurement noise ``noise_mm``
+    (one value for every measurement, or one per measurement row of J).
 
-    With J (m × k) in mm per unit log-parameter, the Gauss–Newton covariance of z is
-    noise² (JᵀJ)⁻¹; each parameter's interval is value · exp(±σ_z). A rank-deficient J
-    gives infinite intervals for the parameters it cannot see, never a finite guess.
+    With J (m × k) in mm per unit log-parameter and W = diag(noise⁻²), the Gauss–Newton
+    covariance of z is (JᵀWJ)⁻¹; each parameter's interval is value · exp(±σ_z). A
+    rank-deficient J gives infinite intervals for the parameters it cannot see, never a
+    finite guess.
     """
     J = np.asarray(J_mm, np.float64)
-    A = J.T @ J
+    noise = np.broadcast_to(np.asarray(noise_mm, np.float64), (J.shape[0],))
+    if not np.all(np.isfinite(noise) & (noise > 0)):
+        raise ValueError(f"noise must be > 0 mm for every measurement; got {noise.tolist()}")
+    Jw = J / noise[:, None]
+    A = Jw.T @ Jw
     out = {}
     try:
         if np.linalg.cond(A) > 1e12:
             raise np.linalg.LinAlgError
-        C = noise_mm**2 * np.linalg.inv(A)
+        C = np.linalg.inv(A)
     except np.linalg.LinAlgError:
         C = np.full((len(names), len(names)), np.inf)
     for i, n in enumerate(names):
@@ -487,6 +493,29 @@ def interval(J_mm, names, values, noise_mm: float) -> dict:
                       high=v * math.exp(sz) if math.isfinite(sz) else math.inf,
                       relative=math.expm1(sz) if math.isfinite(sz) else math.inf)
     return out
+
+
+#: One forward run's scatter about the trend of the rest shape in E (neck x, neck y, flap;
+#: mm, one standard deviation): the 17-run E sweep, docs/figures/bag_sweep_E/sweep_w2.json
+#: ("trend"), reprinted by ``python3 benchmarks/bag_sweep.py --report --out
+#: docs/figures/bag_sweep_E``. The model's own noise: pleats snap shut or not.
+MODEL_SCATTER_MM = (1.71, 3.29, 1.06)
+#: Relative 1σ accuracies for which :func:`scatter_budget` says how many runs each node needs.
+ACCURACY_GOALS = (0.02, 0.05)
+
+
+def scatter_budget(J_mm, names, values, scatter_mm, runs_per_evaluation: int, goals=ACCURACY_GOALS) -> dict:
+    """What the model's own scatter allows: the 1σ interval when each smoothed measurement
+    averages ``runs_per_evaluation`` single runs whose scatter is ``scatter_mm`` (so its
+    noise is scatter/√runs), and, per parameter and goal g, the runs each node would need
+    for a relative 1σ of g (the noise falls as 1/√K, so K = ⌈(σ_z / log(1 + g))²⌉ runs per
+    node, 1 where one run already reaches g)."""
+    s = np.broadcast_to(np.asarray(scatter_mm, np.float64), (np.asarray(J_mm).shape[0],))
+    iv = interval(J_mm, names, values, s / math.sqrt(runs_per_evaluation))
+    need = {n: {f"{g:.0%}": (max(1, math.ceil((iv[n]["sigma_log"] / math.log1p(g)) ** 2))
+                             if math.isfinite(iv[n]["sigma_log"]) else None) for g in goals} for n in names}
+    return dict(scatter_mm=s.tolist(), runs_per_evaluation=int(runs_per_evaluation), interval_1sigma=iv,
+                runs_per_node_for=need)
 
 
 def identifiability(J_mm, names, noise_mm: float) -> dict:

@@ -96,6 +96,8 @@ def _fit(argv):
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
                      ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (2 ln 2 / 7)")),
                      ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
+                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F in mm for fit.json's model_scatter "
+                                                   "(default: the E sweep's 1.71,3.29,1.06)")),
                      ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
         ap.add_argument(flag, **kw)
     ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
@@ -127,6 +129,10 @@ def _fit(argv):
         return 0
     if args.scene == "bag" and args.window is None:
         return app.bag_rest_command(args, ap.error)
+    rest_only = [f for f, v in (("--pair", args.pair), ("--synthetic", args.synthetic), ("--sigma", args.sigma),
+                                ("--model-scatter", args.model_scatter), ("--workers", args.workers)) if v]
+    if rest_only:  # flags of the rest-shape fit are refused, not ignored, elsewhere
+        ap.error(f"{', '.join(rest_only)}: only for --scene bag without --window (the rest-shape fit)")
     options = app.ShapeFitOptions(param=args.param, joint=args.joint, start=args.start, start_factor=args.start_factor,
                                   iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
     options.groups()

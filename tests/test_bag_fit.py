@@ -4,7 +4,9 @@ and the problem's refusals. The fit itself runs the 481-vertex bag (slow:
 tests/test_bag_fit_slow.py)."""
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -202,6 +204,33 @@ def test_interval_is_the_gauss_newton_one_and_infinite_where_blind():
     assert ident["below_noise"] == ["bending_scale"] and ident["condition_number"] > 1e3
 
 
+def test_interval_weights_each_measurement_by_its_own_noise():
+    J = np.array([[4.0], [3.0], [1.0]])
+    iv = br.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 1.0, 2.0])["youngs_modulus"]
+    assert math.isclose(iv["sigma_log"], 1.0 / math.sqrt(16 / 0.25 + 9 / 1.0 + 1 / 4.0))
+    with pytest.raises(ValueError, match="noise must be > 0 mm for every measurement"):
+        br.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 0.0, 1.0])
+
+
+def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
+    """One run's scatter s per measurement, averaged over the evaluation's 2 runs (noise
+    s/√2); K runs per node divide σ_z by √K, so a goal g needs ⌈(σ_z/log(1 + g))²⌉."""
+    J = np.array([[15.0], [12.0], [-2.0]])
+    s = (1.7, 3.3, 1.1)
+    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, 2)
+    sz = 1.0 / math.sqrt(2 * sum((j / si) ** 2 for j, si in zip(J[:, 0], s)))
+    iv = b["interval_1sigma"]["youngs_modulus"]
+    assert math.isclose(iv["sigma_log"], sz) and 0.05 < sz < 0.1
+    need = b["runs_per_node_for"]["youngs_modulus"]
+    assert need["2%"] == math.ceil((sz / math.log(1.02)) ** 2) > 1 and need["5%"] == math.ceil((sz / math.log(1.05)) ** 2)
+    # K of them per node reach the goal, one fewer does not
+    k = need["2%"]
+    assert sz / math.sqrt(k) <= math.log(1.02) < sz / math.sqrt(k - 1)
+    blind = br.scatter_budget(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
+                              {"youngs_modulus": 1.0, "bending_scale": 1.0}, s, 4)
+    assert blind["runs_per_node_for"]["bending_scale"] == {"2%": None, "5%": None}
+
+
 def _record(value, y, J):
     return dict(params={"youngs_modulus": value}, y=list(y), J=[[j] for j in J], z=[math.log(value)])
 
@@ -257,3 +286,44 @@ def test_problem_runs_the_sigma_points_and_evaluates_past_its_range_at_the_end(t
     pb(np.array([math.log(2e9)]), None)                                     # the range ends at 4 × 315 MPa
     np.testing.assert_allclose(seen[2][0], math.log(1260e6) + 0.1)
     assert pb.records[1]["clipped"] and pb.records[1]["params"]["youngs_modulus"] == pytest.approx(1260e6)
+
+
+def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
+    """``fitting.app.fit_bag_rest`` on nodes whose rest shape is linear in log E (a fake
+    node task writing a one-triangle trajectory): synthetic targets at 315 MPa are
+    recovered from 2× off, and fit.json holds the iterates, the Jacobian, the interval for
+    the measurement noise, the identifiability and what the model's own scatter allows; the
+    run folder holds fit.png and the best evaluation's final meshes."""
+    import json
+
+    from fitting import app
+    from ipcjax.runfolder import Trajectory, write_trajectory
+    from scenes.bag import SPHERE_RADII
+
+    z0, slope = math.log(315e6), np.array([0.015, 0.012, -0.002])
+
+    def fake(task):
+        start, z, out, until, audit_every = task
+        os.makedirs(out, exist_ok=True)
+        write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
+            np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
+        nd = _node(z, np.array([0.04, 0.04, 0.015]) + slope * (z[0] - z0))
+        return dataclasses.replace(nd, run_dir=out)
+
+    monkeypatch.setattr(br, "_node_task", fake)
+    out = tmp_path / "fit"
+    rec = app.fit_bag_rest(str(out), None, app.BagFitOptions(iterations=6, workers=1, progress=False))
+    assert rec["converged"] and not rec["outside_reach"] and not rec["failed"]
+    assert rec["fitted"]["youngs_modulus"] == pytest.approx(315e6, rel=1e-4)   # the fit stops at loss_tol
+    assert json.loads((out / "fit.json").read_text())["fitted"] == rec["fitted"]
+    np.testing.assert_allclose(rec["jacobian_mm_per_log"]["J"], slope[:, None] * 1e3, rtol=1e-9)
+    sz = 1.0 / math.sqrt(2 * np.sum((slope * 1e3 / np.asarray(br.MODEL_SCATTER_MM)) ** 2))
+    ms = rec["model_scatter"]
+    assert ms["runs_per_evaluation"] == 2 and ms["scatter_mm"] == list(br.MODEL_SCATTER_MM)
+    assert ms["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(sz, rel=1e-9)
+    assert ms["runs_per_node_for"]["youngs_modulus"]["2%"] == math.ceil((sz / math.log(1.02)) ** 2)
+    assert rec["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(
+        0.5 / np.linalg.norm(slope * 1e3), rel=1e-9)
+    assert set(rec["identifiability"]) == {"smoothed", "rest_state"}
+    assert rec["iterates"][0]["params"]["youngs_modulus"] == pytest.approx(630e6)
+    assert (out / "fit.png").exists() and len(list((out / "mesh").glob("node_*.vtu"))) == 2

@@ -116,8 +116,20 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
     assert seen["targets"] == SPEC_TARGETS and seen["options"].names == ("youngs_modulus",)
     assert seen["options"].start is None and seen["options"].sigma == DEFAULT_SIGMA
     assert seen["options"].iterations == 10 and seen["options"].noise_mm == 0.5
-    main(["fit", "--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--quiet"])
+    assert seen["options"].model_scatter_mm is None
+    main(["fit", "--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--quiet",
+          "--model-scatter", "1.5,2.5,0.5"])
     assert seen["targets"] is None and seen["options"].names == ("youngs_modulus", "friction")
+    assert seen["options"].model_scatter_mm == (1.5, 2.5, 0.5)
+
+
+@pytest.mark.parametrize("argv", [["--scene", "pouch", "--sigma", "0.1"], ["--synthetic"],
+                                  ["--scene", "bag", "--window", "2", "--state", "s.npz", "--model-scatter", "1,2,3"],
+                                  ["--pair", "youngs_modulus,friction"], ["--workers", "2"]])
+def test_rest_fit_flags_are_refused_where_they_would_be_ignored(tmp_path, capsys, no_fit, argv):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--quiet", "--out", str(tmp_path / "o"), *argv])
+    assert e.value.code == 2 and "only for --scene bag without --window" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -125,6 +137,8 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
     (["--param", "friction", "--pair", "youngs_modulus,friction"], "give --param or --pair, not both"),
     (["--synthetic", "--neck-x", "0.04", "--neck-y", "0.04", "--flap", "0.02"], "--synthetic makes the targets"),
     (["--neck-x", "0.04"], "give all three of --neck-x, --neck-y and --flap"),
+    (["--model-scatter", "1.7,3.3"], "--model-scatter takes three values > 0"),
+    (["--model-scatter", "1.7,-3.3,1"], "--model-scatter takes three values > 0"),
 ])
 def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, message):
     with pytest.raises(SystemExit) as e:
@@ -140,6 +154,8 @@ def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, 
     (dict(start_value=1e8, names=("youngs_modulus", "friction")), "for a single parameter"),
     (dict(iterations=0), "iterations must be a positive integer"),
     (dict(estimator="adjoint"), "estimator must be one of stein, rest"),
+    (dict(model_scatter_mm=(1.7, 0.0, 1.0)), "model_scatter_mm must be three values > 0"),
+    (dict(model_scatter_mm=(1.7, 3.3)), "model_scatter_mm must be three values > 0"),
 ])
 def test_bag_fit_options_are_checked_before_any_run(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
