@@ -131,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--spec-targets", action="store_true", help="report: the loss against the specification's bag")
     ap.add_argument("--width", type=int, default=2, help="smoothing width σ in grid steps of ln 2 / 7 (default 2, "
                     "the fit's); the sweep runs k = −7 − w … 7 + w")
+    ap.add_argument("--k", help="run only these grid points, e.g. --k=-3,0,3 (factors 2^(k/7)); default the whole "
+                    "grid, in ascending order")
     a = ap.parse_args(argv)
     if a.report:
         from fitting.bag_rest import SPEC_TARGETS
@@ -162,6 +164,12 @@ def main(argv=None):
     if os.path.exists(path):
         done = {(r["param"], round(r["factor"], 9)) for r in map(json.loads, open(path)) if "error" not in r}
     factors = grid(a.half + a.width - 1, STEP)  # k = −half − width … half + width
+    if a.k:
+        try:
+            ks = [int(t) for t in a.k.split(",")]
+        except ValueError:
+            ap.error(f"--k takes comma-separated integers, e.g. --k=-3,0,3; got {a.k!r}")
+        factors = [math.exp(k * STEP) for k in ks]
     todo = [(a.param, f, a.out, a.start) for f in factors if (a.param, round(f, 9)) not in done]
     with cf.ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn")) as pool:
         for r in pool.map(_one, todo):
