@@ -84,7 +84,8 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
         lo, hi = (k - 1 if k - 1 in loss else k), (k + 1 if k + 1 in loss else k)
         if hi > lo:
             slope[k] = (loss[hi] - loss[lo]) / ((hi - lo) * STEP)
-    match = lambda g: sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / max(len(slope), 1)
+    # None, not 0 %, where no point has a neighbour to take the slope from (a sweep run with --k)
+    match = lambda g: (sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / len(slope)) if slope else None
     table = [dict(factor=math.exp(k * STEP), y_mm=Y[k].tolist(), y_smoothed_mm=ybar[k].tolist(),
                   loss_mm2=loss[k], slope=slope.get(k), stein=stein[k], rest=rest[k]) for k in ks]
     # one line per measurement over every run: its trend and the runs' scatter about it
@@ -96,7 +97,7 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
     trend = dict(slope_mm_per_log=coef[1].tolist(), scatter_mm=scatter.tolist(),
                  sigma_log_from_scatter=float(1.0 / np.sqrt(np.sum(coef[1] ** 2 / scatter**2))))
     out = dict(param=param, sigma=sigma, target_mm=t.tolist(), points=table, failed=bad, trend=trend,
-               sign_match_stein=float(match(stein)), sign_match_rest=float(match(rest)))
+               sign_match_stein=match(stein), sign_match_rest=match(rest), sign_points=len(slope))
     if png:
         import matplotlib
         matplotlib.use("Agg")
@@ -149,8 +150,10 @@ def main(argv=None):
             print(f"{p['factor']:7.3f} " + " ".join(f"{v:7.2f}" for v in p["y_mm"]) + " | "
                   + " ".join(f"{v:6.2f}" for v in p["y_smoothed_mm"])
                   + f" {p['loss_mm2']:8.2f} {sl:>8} {p['stein']:8.1f} {p['rest']:8.1f}")
-        print(f"sign of the gradient = sign of the loss slope: Stein {r['sign_match_stein']:.0%}, "
-              f"rest-state {r['sign_match_rest']:.0%}; target {np.round(r['target_mm'], 2).tolist()} mm"
+        sign = (f"Stein {r['sign_match_stein']:.0%}, rest-state {r['sign_match_rest']:.0%} of "
+                f"{r['sign_points']} points" if r["sign_points"] else
+                "not measured (no sweep point has a neighbour on the grid to take the loss slope from)")
+        print(f"sign of the gradient = sign of the loss slope: {sign}; target {np.round(r['target_mm'], 2).tolist()} mm"
               + (f"; failed runs: {r['failed']}" if r["failed"] else ""))
         tr = r["trend"]
         print("trend over all runs (mm per unit log-parameter): "
