@@ -450,6 +450,36 @@ def bag_rest_command(args, error) -> int:
     return 0 if record["fitted"] is not None else 1
 
 
+def shape_fit_command(args, error) -> int:
+    """``ipcjax fit`` for the pouch and for ``--scene bag --window K``, from its parsed flags
+    (``error`` reports a usage error, argparse's). The rest-shape fit's own flags are
+    refused here, not ignored. Returns the exit status: 1 when a fit or the window's
+    reference run failed."""
+    from ipcjax import runfolder
+
+    rest_only = [f for f, v in (("--pair", args.pair), ("--synthetic", args.synthetic), ("--sigma", args.sigma),
+                                ("--model-scatter", args.model_scatter), ("--workers", args.workers)) if v]
+    if rest_only:
+        error(f"{', '.join(rest_only)}: only for --scene bag without --window (the rest-shape fit)")
+    options = ShapeFitOptions(param=args.param, joint=args.joint, start=args.start, start_factor=args.start_factor,
+                              iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
+    options.groups()
+    try:
+        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap))
+        if args.scene == "bag":
+            check_window_flags(args.state, args.window)
+    except FlagError as e:
+        error(str(e))
+    if args.scene == "pouch":
+        summary = fit_pouch(args.out, targets, options)
+    else:
+        summary = fit_bag_state(args.out, args.state, args.window, targets, options)
+        if summary is None:  # the reference run of the window failed (said on stderr)
+            return 1
+    print(runfolder.dumps(summary))
+    return 1 if any("failed" in f for f in summary["fits"]) else 0
+
+
 def fit_shape(out, scene, rollout, measure, known, *, targets, options, groups, t_start, extra) -> dict:
     """Fit each group of POUCH_PARAMS to (neck x, neck y, flap) of ``rollout``'s last frame.
 

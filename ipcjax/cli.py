@@ -96,8 +96,7 @@ def _fit(argv):
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
                      ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (2 ln 2 / 7)")),
                      ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
-                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F in mm for fit.json's model_scatter "
-                                                   "(default: the E sweep's 1.71,3.29,1.06)")),
+                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.71,3.29,1.06)")),
                      ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
         ap.add_argument(flag, **kw)
     ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
@@ -129,27 +128,7 @@ def _fit(argv):
         return 0
     if args.scene == "bag" and args.window is None:
         return app.bag_rest_command(args, ap.error)
-    rest_only = [f for f, v in (("--pair", args.pair), ("--synthetic", args.synthetic), ("--sigma", args.sigma),
-                                ("--model-scatter", args.model_scatter), ("--workers", args.workers)) if v]
-    if rest_only:  # flags of the rest-shape fit are refused, not ignored, elsewhere
-        ap.error(f"{', '.join(rest_only)}: only for --scene bag without --window (the rest-shape fit)")
-    options = app.ShapeFitOptions(param=args.param, joint=args.joint, start=args.start, start_factor=args.start_factor,
-                                  iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
-    options.groups()
-    try:
-        targets = app.targets_from(args.targets, (args.neck_x, args.neck_y, args.flap))
-        if args.scene == "bag":
-            app.check_window_flags(args.state, args.window)
-    except app.FlagError as e:
-        ap.error(str(e))
-    if args.scene == "pouch":
-        summary = app.fit_pouch(args.out, targets, options)
-    else:
-        summary = app.fit_bag_state(args.out, args.state, args.window, targets, options)
-        if summary is None:  # the reference run of the window failed (said on stderr)
-            return 1
-    print(runfolder.dumps(summary))
-    return 1 if any("failed" in f for f in summary["fits"]) else 0
+    return app.shape_fit_command(args, ap.error)
 
 
 def _compare(argv):
