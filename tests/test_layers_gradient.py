@@ -58,14 +58,16 @@ def test_two_layer_friction_gradients_match_central_differences():
         assert ad != 0.0 and np.isfinite(ad), name
         assert abs(ad - fd) <= 1e-3 * abs(fd), (name, ad, fd)
     # x0 along a random direction of the free particles (h = 1e-7 m), v0 along the upper
-    # layer pressing down on the lower one (h = 1e-3 m/s). v0 moves the film only by dt·h a
+    # layer pressing down on the lower one (h = 3e-3 m/s, below). v0 moves the film only by dt·h a
     # step against the barrier, so its derivative is only ~5e-5 (loss units per m/s) and the
     # solve noise δ/h at TOL (up to |W|₁·TOL/h ≈ 5e-6) is of its size: on one machine (AMD
     # EPYC, CI) the FD at TOL came out 16 % off (−4.08e-5 against −4.75e-5), 1.1 % at h = 3e-3.
     # So v0's differences are taken on a rollout solved to TOL_V0 = 1e-11 m (1e-12 m runs
-    # into the iteration cap), measured there at 0.8 % off (h = 1e-3); the gradient is the
-    # one at TOL (it is −4.7463e-5 at both tolerances). Its bound stays 1e-2, the others
-    # 1e-3.
+    # into the iteration cap); the gradient is the one at TOL (it is −4.7463e-5 at both
+    # tolerances). At TOL_V0 the step h = 1e-3 is still noise-bound: a clean CI run came out
+    # 2.0 % off (−4.6515e-5, the same in every run of one process), while 2e-3, 3e-3 and
+    # 5e-3 came out 0.4, 0.6 and 0.2 % off (2026-12-02). So h = 3e-3, the middle of that
+    # plateau. Its bound stays 1e-2, the others 1e-3.
     _, _, roll_v0, ctl_v0 = _setup(degenerate=False, tol=TOL_V0)
 
     def loss_v0(v):
@@ -77,7 +79,7 @@ def test_two_layer_friction_gradients_match_central_differences():
     d_v = jnp.zeros_like(v0).at[upper, 2].set(-1.0)
     for name, h, bound, fh, ad in (
             ("x0", 1e-7, 1e-3, lambda s: float(f(p0, x0 + s * d_x, v0)[0]), float(jnp.sum(g[1] * d_x))),
-            ("v0", 1e-3, 1e-2, lambda s: float(loss_v0(v0 + s * d_v)), float(jnp.sum(g[2] * d_v)))):
+            ("v0", 3e-3, 1e-2, lambda s: float(loss_v0(v0 + s * d_v)), float(jnp.sum(g[2] * d_v)))):
         fd = (fh(h) - fh(-h)) / (2 * h)
         assert ad != 0.0, name
         assert abs(ad - fd) <= bound * abs(fd), (name, ad, fd)
