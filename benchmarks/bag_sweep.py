@@ -11,7 +11,7 @@ smoothing nodes on the grid. Each run is
 :func:`fitting.bag_rest.run_node` in ``--workers`` processes, and appends one JSON line
 per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the rest-state Jacobian in mm
 per unit log-parameter, wall time; or the error). A sweep stopped part-way continues
-where it stopped; its run folders are named as the fit's nodes
+where it stopped, and ``--k=K1,K2,…`` runs only those grid points (a coarse sweep); its run folders are named as the fit's nodes
 (fitting.bag_rest.node_folder), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
 sweep with ``--out D/nodes`` wherever a node falls on the grid. ``python3 benchmarks/bag_sweep.py --report OUT`` prints the table: each
 value, the measurements, the two-node smoothed loss against a target and its slope beside

@@ -379,7 +379,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             identifiability=dict(smoothed=br.identifiability(J, names, options.noise_mm),
                                  rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)),
             model_scatter=br.scatter_budget(J, names, best["params"], options.model_scatter_mm or br.MODEL_SCATTER_MM,
-                                            len(best["nodes"])))
+                                            runs_per_evaluation=len(best["nodes"])))
         history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))

@@ -504,7 +504,7 @@ MODEL_SCATTER_MM = (1.71, 3.29, 1.06)
 ACCURACY_GOALS = (0.02, 0.05)
 
 
-def scatter_budget(J_mm, names, values, scatter_mm, runs_per_evaluation: int, goals=ACCURACY_GOALS) -> dict:
+def scatter_budget(J_mm, names, values, scatter_mm, *, runs_per_evaluation: int, goals=ACCURACY_GOALS) -> dict:
     """What the model's own scatter allows: the 1σ interval when each smoothed measurement
     averages ``runs_per_evaluation`` single runs whose scatter is ``scatter_mm`` (so its
     noise is scatter/√runs), and, per parameter and goal g, the runs each node would need

@@ -217,7 +217,7 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     s/√2); K runs per node divide σ_z by √K, so a goal g needs ⌈(σ_z/log(1 + g))²⌉."""
     J = np.array([[15.0], [12.0], [-2.0]])
     s = (1.7, 3.3, 1.1)
-    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, 2)
+    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, runs_per_evaluation=2)
     sz = 1.0 / math.sqrt(2 * sum((j / si) ** 2 for j, si in zip(J[:, 0], s)))
     iv = b["interval_1sigma"]["youngs_modulus"]
     assert math.isclose(iv["sigma_log"], sz) and 0.05 < sz < 0.1
@@ -227,7 +227,8 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     k = need["2%"]
     assert sz / math.sqrt(k) <= math.log(1.02) < sz / math.sqrt(k - 1)
     blind = br.scatter_budget(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
-                              {"youngs_modulus": 1.0, "bending_scale": 1.0}, s, 4)
+                              {"youngs_modulus": 1.0, "bending_scale": 1.0}, s,
+                              runs_per_evaluation=4)
     assert blind["runs_per_node_for"]["bending_scale"] == {"2%": None, "5%": None}
 
 

@@ -64,8 +64,8 @@ def test_two_layer_friction_gradients_match_central_differences():
     # EPYC, CI) the FD at TOL came out 16 % off (−4.08e-5 against −4.75e-5), 1.1 % at h = 3e-3.
     # So v0's differences are taken on a rollout solved to TOL_V0 = 1e-11 m (1e-12 m runs
     # into the iteration cap); the gradient is the one at TOL (it is −4.7463e-5 at both
-    # tolerances). At TOL_V0 the step h = 1e-3 is still noise-bound: a clean CI run came out
-    # 2.0 % off (−4.6515e-5, the same in every run of one process), while 2e-3, 3e-3 and
+    # tolerances). At TOL_V0 the step h = 1e-3 is still noise-bound: a CI dry run came out
+    # 2.0 % off (−4.6515e-5; the same twice in a rerun in one process), while 2e-3, 3e-3 and
     # 5e-3 came out 0.4, 0.6 and 0.2 % off (2026-12-02). So h = 3e-3, the middle of that
     # plateau. Its bound stays 1e-2, the others 1e-3.
     _, _, roll_v0, ctl_v0 = _setup(degenerate=False, tol=TOL_V0)
