@@ -4,18 +4,23 @@ bag-fit section.
     python3 benchmarks/bag_sweep.py --param youngs_modulus --out runs/sweep_E
 
 Runs the bag from the tie checkpoint (tests/data/bag_full_tie.npz, 8.40 s) to 10.50 s at
-the factors 2^(k/7) of the parameter's film default, k = −7 − w … 7 + w: a smoothing width
-of w grid steps (``--width``, default 2: the fit's σ = 2 ln 2 / 7,
-fitting.bag_rest.DEFAULT_SIGMA) gives the 15 points k = −7 … 7 (× 0.5 … 2.0) their two
-smoothing nodes on the grid. Each run is
-:func:`fitting.bag_rest.run_node` in ``--workers`` processes, and appends one JSON line
-per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the rest-state Jacobian in mm
-per unit log-parameter, wall time; or the error). A sweep stopped part-way continues
-where it stopped, and ``--k=K1,K2,…`` runs only those grid points (a coarse sweep); its run folders are named as the fit's nodes
+the fit's lattice points 2^(k/7) × the parameter's film default, k a multiple of w
+(``--width``, default 2: the fit's lattice step 2 ln 2 / 7, fitting.bag_rest.DEFAULT_STEP),
+from the lattice nodes of k = −7 (× 0.5) to those of k = 7 (× 2.0): k = −10, −8, … 10 for
+w = 2. Each run is :func:`fitting.bag_rest.run_node` in ``--workers`` processes, and appends
+one JSON line per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the rest-state
+Jacobian in mm per unit log-parameter, wall time; or the error). A sweep stopped part-way
+continues where it stopped, and ``--k=K1,K2,…`` runs only those grid points (any k, on the
+lattice or not); its run folders are named as the fit's nodes
 (fitting.bag_rest.node_folder), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
-sweep with ``--out D/nodes`` wherever a node falls on the grid. ``python3 benchmarks/bag_sweep.py --report OUT`` prints the table: each
-value, the measurements, the two-node smoothed loss against a target and its slope beside
-the smoothed gradient (fitting.bag_rest).
+sweep with ``--out D/nodes``. ``python3 benchmarks/bag_sweep.py --report --out OUT`` prints
+the table: at each grid point k = −7 … 7 the single run (where there is one), the fit's
+spline-smoothed measurements and loss against a target, the loss's slope between
+neighbouring points beside the smoothed loss's own gradient and the rest-state one
+(fitting.bag_rest), and the trend and scatter of the single runs. ``--recover`` takes each
+single run as a fit's targets and prints where the smoothed loss is smallest: what one
+run's scatter does to a fit whose targets are one bag. ``--compare FILE`` prints how far
+the runs of another sweep file lie from their twins here (reruns).
 """
 from __future__ import annotations
 
@@ -46,39 +51,97 @@ def _one(args):
                 residual_ratio=nd.residual_ratio, stable=nd.stable, max_speed_m_s=nd.max_speed, wall_s=nd.wall_s)
 
 
-def grid(half: int, step: float):
-    """Factors e^{k·step}, k = −half − 1 … half + 1."""
-    return [math.exp(k * step) for k in range(-half - 1, half + 2)]
+STEP = math.log(2.0) / 7  # the grid step in log-parameters (fitting.bag_rest.DEFAULT_STEP is 2 steps)
 
 
-STEP = math.log(2.0) / 7  # the grid step in log-parameters (fitting.bag_rest.DEFAULT_SIGMA is 2 steps)
+def lattice_ks(half: int, width: int) -> list:
+    """The grid points k (multiples of ``width``) of the lattice nodes that the smoothed
+    measurements at k = −half … half need."""
+    from fitting.bag_rest import lattice_support
+
+    top = int(lattice_support([half / width])[0].max())
+    return [j * width for j in range(-top, top + 1)]
 
 
-def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2) -> dict:
-    """The smoothed loss along the sweep and its two gradient estimates, from sweep.jsonl.
+def _lattice(folder, param, width: int):
+    """The sweep's single runs Y {k: y (mm)}, its failed runs {k: error}, and the fit's
+    smoothing over its lattice nodes (every ``width``-th grid point): ``smoothed(u)`` at
+    u grid steps (any real u) gives (ȳ, its spline derivative, the nodes' weighted
+    rest-state derivative) in mm per unit log-parameter, or None where a node is missing."""
+    from fitting.bag_rest import BAG_NAMES, lattice_smooth, lattice_support, NodeResult
 
-    Smoothing width σ = ``width`` grid steps. At sweep point k (nodes k ± width):
-    ȳ = (y₋ + y₊)/2, L = Σ ((ȳ − t)/1 mm)², Stein's gradient 2 rᵀ(y₊ − y₋)/(2σ) and the
-    rest-state one 2 rᵀ(J₋ + J₊)/2, in mm² per unit log-parameter; the slope is the central
-    difference of L over the neighbouring points (one-sided at the ends). ``target`` (m):
-    default the smoothed measurement at the film default (k = 0).
-    """
-    from fitting.bag_rest import BAG_NAMES
-
-    w = int(width)
-    sigma = w * STEP
+    h = width * STEP
     rows = [r for r in map(json.loads, open(os.path.join(folder, "sweep.jsonl"))) if r["param"] == param]
     by_k = {round(math.log(r["factor"]) / STEP): r for r in rows}
     bad = {k: r["error"] for k, r in by_k.items() if "error" in r}
-    ks = sorted(k for k in by_k if k - w in by_k and k + w in by_k and not {k - w, k + w} & set(bad))
     col = BAG_NAMES.index(param)
     Y = {k: np.asarray(r["y_mm"]) for k, r in by_k.items() if k not in bad}
-    Jr = {k: np.asarray(r["J_rest_mm"])[:, col] for k, r in by_k.items() if k not in bad}
-    ybar = {k: 0.5 * (Y[k - w] + Y[k + w]) for k in ks}
-    t = ybar[0] if target is None else np.asarray(target) * 1e3
-    loss = {k: float(np.sum((ybar[k] - t) ** 2)) for k in ks}
-    stein = {k: float(2 * (ybar[k] - t) @ (Y[k + w] - Y[k - w]) / (2 * sigma)) for k in ks}
-    rest = {k: float(2 * (ybar[k] - t) @ (0.5 * (Jr[k - w] + Jr[k + w]))) for k in ks}
+    nodes = {k: NodeResult(z=np.zeros(3), y=Y[k], J=np.asarray(by_k[k]["J_rest_mm"]), residual_ratio=0.0,
+                           stable=True, max_speed=0.0, wall_s=0.0, run_dir="") for k in Y if k % width == 0}
+
+    def smoothed(u):
+        idx, w, dw = lattice_support([u / width])
+        ks = [int(j) * width for j in idx[:, 0]]
+        if any(kk not in nodes for kk in ks):
+            return None
+        nd = [nodes[kk] for kk in ks]
+        y, J = lattice_smooth(nd, w, dw, (param,), h, "spline")
+        # the nodes' own rest-state derivatives, also for μf (the fit's "rest" estimator
+        # takes the spline's for PATH_ONLY parameters; the report shows what the IFT says)
+        Jr = np.asarray(w) @ np.stack([n.J[:, col] for n in nd])
+        return y, J[:, 0], Jr
+
+    return Y, bad, smoothed
+
+
+def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100) -> dict:
+    """Each single run of the sweep taken as the targets of a fit: where the fit's smoothed
+    loss Σ((ȳ(z) − y_run)/1 mm)² has its smallest value, on a scan of ``per_step`` points
+    per grid step over the span where the lattice nodes have run. The gap between that
+    value and the run's own parameter is what one run's scatter does to a fit whose targets
+    are one bag (a measured bag is one), as against synthetic targets made by the smoothed
+    model itself. Runs at the span's ends (no scan point past them) are left out."""
+    Y, _, smoothed = _lattice(folder, param, int(width))
+    us = np.arange(min(Y) * per_step, max(Y) * per_step + 1) / per_step
+    curve = [(u, v[0]) for u in us if (v := smoothed(u)) is not None]
+    if not curve:
+        raise ValueError(f"{folder}: no point where all four lattice nodes of {param} have run")
+    U = np.array([u for u, _ in curve])
+    Ys = np.stack([y for _, y in curve])
+    rows = []
+    for k in sorted(Y):
+        if not (U[0] < k < U[-1]):
+            continue
+        L = np.sum((Ys - Y[k]) ** 2, axis=1)
+        i = int(np.argmin(L))
+        rows.append(dict(factor=math.exp(k * STEP), found=math.exp(U[i] * STEP),
+                         error=math.exp((U[i] - k) * STEP) - 1.0, loss_mm2=float(L[i]),
+                         at_scan_end=bool(i in (0, len(U) - 1))))
+    err = np.array([r["error"] for r in rows])
+    return dict(param=param, runs=rows, rms_error=float(np.sqrt(np.mean(err**2))) if rows else None,
+                within_2pct=int(np.sum(np.abs(err) <= 0.02)), within_5pct=int(np.sum(np.abs(err) <= 0.05)))
+
+
+def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2, span: int = 7) -> dict:
+    """The smoothed loss along the sweep and its two gradients, from sweep.jsonl.
+
+    The fit's smoothing (fitting.bag_rest.lattice_smooth) on the lattice of every
+    ``width``-th grid point (step h = ``width`` grid steps; the fit's default is 2), evaluated
+    at the grid points k = −span … span whose four lattice nodes have all run:
+    ȳ = Σ w_j y_j, L = Σ ((ȳ − t)/1 mm)², the spline gradient 2 rᵀ Σ y_j ∂w_j/∂z (the fit's)
+    and the rest-state one 2 rᵀ Σ w_j J_j, in mm² per unit log-parameter; the slope is the
+    central difference of L over the neighbouring grid points (one-sided at the ends).
+    ``target`` (m): default the smoothed measurement at the film default (k = 0).
+    """
+    w_ = int(width)
+    Y, bad, smoothed = _lattice(folder, param, w_)
+    h = w_ * STEP
+    sm = {k: v for k in range(-span, span + 1) if (v := smoothed(k)) is not None}
+    ks = sorted(sm)
+    t = (sm[0][0] if 0 in sm else smoothed(0)[0]) if target is None else np.asarray(target) * 1e3
+    loss = {k: float(np.sum((sm[k][0] - t) ** 2)) for k in ks}
+    spline = {k: float(2 * (sm[k][0] - t) @ sm[k][1]) for k in ks}
+    rest = {k: float(2 * (sm[k][0] - t) @ sm[k][2]) for k in ks}
     slope = {}
     for k in ks:
         lo, hi = (k - 1 if k - 1 in loss else k), (k + 1 if k + 1 in loss else k)
@@ -86,18 +149,19 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
             slope[k] = (loss[hi] - loss[lo]) / ((hi - lo) * STEP)
     # None, not 0 %, where no point has a neighbour to take the slope from (a sweep run with --k)
     match = lambda g: (sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / len(slope)) if slope else None
-    table = [dict(factor=math.exp(k * STEP), y_mm=Y[k].tolist(), y_smoothed_mm=ybar[k].tolist(),
-                  loss_mm2=loss[k], slope=slope.get(k), stein=stein[k], rest=rest[k]) for k in ks]
+    table = [dict(factor=math.exp(k * STEP), y_mm=Y[k].tolist() if k in Y else None, y_smoothed_mm=sm[k][0].tolist(),
+                  loss_mm2=loss[k], slope=slope.get(k), spline=spline[k], rest=rest[k]) for k in ks]
     # one line per measurement over every run: its trend and the runs' scatter about it
     kk = np.array(sorted(Y)) * STEP
     Ym = np.stack([Y[k] for k in sorted(Y)])
     A = np.stack([np.ones_like(kk), kk], axis=1)
     coef, *_ = np.linalg.lstsq(A, Ym, rcond=None)
     scatter = np.std(Ym - A @ coef, axis=0, ddof=2)
-    trend = dict(slope_mm_per_log=coef[1].tolist(), scatter_mm=scatter.tolist(),
-                 sigma_log_from_scatter=float(1.0 / np.sqrt(np.sum(coef[1] ** 2 / scatter**2))))
-    out = dict(param=param, sigma=sigma, target_mm=t.tolist(), points=table, failed=bad, trend=trend,
-               sign_match_stein=match(stein), sign_match_rest=match(rest), sign_points=len(slope))
+    # None where the runs show no scatter to judge by (too few of them, or none off the line)
+    pin = float(1.0 / np.sqrt(np.sum(coef[1] ** 2 / scatter**2))) if np.all(scatter > 0) else None
+    trend = dict(slope_mm_per_log=coef[1].tolist(), scatter_mm=scatter.tolist(), sigma_log_from_scatter=pin)
+    out = dict(param=param, lattice_step=h, target_mm=np.asarray(t).tolist(), points=table, failed=bad, trend=trend,
+               sign_match_spline=match(spline), sign_match_rest=match(rest), sign_points=len(slope))
     if png:
         import matplotlib
         matplotlib.use("Agg")
@@ -112,12 +176,25 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
             ax[0].plot(f, [r["y_smoothed_mm"][i] for r in table], "-", color=ax[0].lines[-1].get_color())
         ax[0].set_ylabel("mm"); ax[0].legend(fontsize=7, ncol=3)
         ax[1].plot(f, [r["loss_mm2"] for r in table], "k.-"); ax[1].set_ylabel("smoothed loss, mm²")
-        ax[2].plot(f, [r["stein"] for r in table], "b.-", label="Stein (fit)")
+        ax[2].plot(f, [r["spline"] for r in table], "b.-", label="spline derivative (fit)")
         ax[2].plot(f, [r["rest"] for r in table], "g.--", label="rest-state IFT")
         ax[2].plot([math.exp(k * STEP) for k in slope], list(slope.values()), "r+", label="loss slope")
         ax[2].axhline(0, color="0.6", lw=0.5); ax[2].set_ylabel("dL/dlog p, mm²"); ax[2].legend(fontsize=7)
         ax[2].set_xscale("log"); ax[2].set_xlabel(f"{param} / film default")
         fig.tight_layout(); fig.savefig(png); plt.close(fig)
+    return out
+
+
+def compare(path, folder) -> list:
+    """Each line of the sweep file ``path`` that has a twin (same parameter and factor) in
+    ``folder``/sweep.jsonl: (param, factor, largest |Δy| in mm) — how closely runs repeat."""
+    mine = {(r["param"], round(r["factor"], 9)): r for r in map(json.loads, open(os.path.join(folder, "sweep.jsonl")))
+            if "error" not in r}
+    out = []
+    for r in map(json.loads, open(path)):
+        twin = mine.get((r["param"], round(r["factor"], 9)))
+        if twin is not None and "error" not in r:
+            out.append((r["param"], r["factor"], float(np.max(np.abs(np.subtract(r["y_mm"], twin["y_mm"]))))))
     return out
 
 
@@ -130,27 +207,47 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/sweep")
     ap.add_argument("--report", action="store_true", help="print the table of OUT/sweep.jsonl and write OUT/sweep.png")
     ap.add_argument("--spec-targets", action="store_true", help="report: the loss against the specification's bag")
-    ap.add_argument("--width", type=int, default=2, help="smoothing width σ in grid steps of ln 2 / 7 (default 2, "
-                    "the fit's); the sweep runs k = −7 − w … 7 + w")
+    ap.add_argument("--width", type=int, default=2, help="the lattice step in grid steps of ln 2 / 7 (default 2, "
+                    "the fit's); the sweep runs the lattice nodes of k = −half … half")
     ap.add_argument("--k", help="run only these grid points, e.g. --k=-3,0,3 (factors 2^(k/7)); default the whole "
                     "grid, in ascending order")
+    ap.add_argument("--recover", action="store_true", help="take each run of OUT/sweep.jsonl as a fit's targets "
+                    "and print where the smoothed loss is smallest (one run's scatter in a fit to one bag)")
+    ap.add_argument("--compare", metavar="FILE", help="print how far the runs of the sweep file FILE lie from "
+                    "their twins in OUT/sweep.jsonl (same parameter and factor)")
     a = ap.parse_args(argv)
+    if a.compare:
+        rows = compare(a.compare, a.out)
+        for param, factor, d in rows:
+            print(f"{param} × {factor:.4f}: largest difference {d:.3g} mm")
+        print(f"{len(rows)} runs with a twin; the largest difference {max((d for *_, d in rows), default=0.0):.3g} mm")
+        return
+    if a.recover:
+        r = recover(a.out, a.param, a.width)
+        for row in r["runs"]:
+            print(f"targets: the run at {a.param} × {row['factor']:.3f}: the smoothed loss is smallest at × "
+                  f"{row['found']:.3f} ({row['error']:+.1%}), {row['loss_mm2']:.2f} mm²"
+                  + (" (the scan's end)" if row["at_scan_end"] else ""))
+        print(f"{len(r['runs'])} runs: rms error {r['rms_error']:.1%}; within 2 %: {r['within_2pct']}, "
+              f"within 5 %: {r['within_5pct']}")
+        return
     if a.report:
         from fitting.bag_rest import SPEC_TARGETS
 
         name = f"sweep_w{a.width}" + ("_spec" if a.spec_targets else "")
         r = report(a.out, a.param, SPEC_TARGETS if a.spec_targets else None, os.path.join(a.out, name + ".png"),
-                   a.width)
+                   a.width, a.half)
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             json.dump(r, f, indent=1)
         print(f"{'factor':>7} {'neck x':>7} {'neck y':>7} {'flap':>6} | {'x̄':>6} {'ȳ':>6} {'flap̄':>6} "
-              f"{'loss':>8} {'slope':>8} {'Stein':>8} {'rest':>8}")
+              f"{'loss':>8} {'slope':>8} {'spline':>8} {'rest':>8}")
         for p in r["points"]:
             sl = "" if p["slope"] is None else f"{p['slope']:8.1f}"
-            print(f"{p['factor']:7.3f} " + " ".join(f"{v:7.2f}" for v in p["y_mm"]) + " | "
+            one = " ".join(f"{v:7.2f}" for v in p["y_mm"]) if p["y_mm"] else " " * 23
+            print(f"{p['factor']:7.3f} " + one + " | "
                   + " ".join(f"{v:6.2f}" for v in p["y_smoothed_mm"])
-                  + f" {p['loss_mm2']:8.2f} {sl:>8} {p['stein']:8.1f} {p['rest']:8.1f}")
-        sign = (f"Stein {r['sign_match_stein']:.0%}, rest-state {r['sign_match_rest']:.0%} of "
+                  + f" {p['loss_mm2']:8.2f} {sl:>8} {p['spline']:8.1f} {p['rest']:8.1f}")
+        sign = (f"spline {r['sign_match_spline']:.0%}, rest-state {r['sign_match_rest']:.0%} of "
                 f"{r['sign_points']} points" if r["sign_points"] else
                 "not measured (no sweep point has a neighbour on the grid to take the loss slope from)")
         print(f"sign of the gradient = sign of the loss slope: {sign}; target {np.round(r['target_mm'], 2).tolist()} mm"
@@ -159,14 +256,15 @@ def main(argv=None):
         print("trend over all runs (mm per unit log-parameter): "
               + ", ".join(f"{n} {a:+.2f} ± scatter {b:.2f} mm" for n, a, b in
                           zip(("neck x", "neck y", "flap"), tr["slope_mm_per_log"], tr["scatter_mm"]))
-              + f"; one run's scatter alone pins the log-parameter to ±{tr['sigma_log_from_scatter']:.3f}")
+              + ("" if tr["sigma_log_from_scatter"] is None else
+                 f"; one run's scatter alone pins the log-parameter to ±{tr['sigma_log_from_scatter']:.3f}"))
         return
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "sweep.jsonl")
     done = set()
     if os.path.exists(path):
         done = {(r["param"], round(r["factor"], 9)) for r in map(json.loads, open(path)) if "error" not in r}
-    factors = grid(a.half + a.width - 1, STEP)  # k = −half − width … half + width
+    factors = [math.exp(k * STEP) for k in lattice_ks(a.half, a.width)]
     if a.k:
         try:
             ks = [int(t) for t in a.k.split(",")]

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fitting.bag_rest import DEFAULT_SIGMA
+from fitting.bag_rest import DEFAULT_STEP
 from fitting.fit import FitFailed, MeasuredRollout, fit_measured, levenberg_marquardt, plot_history, to_z
 from ipcjax.runfolder import prepare, write_json
 
@@ -267,12 +267,12 @@ class BagFitOptions(NamedTuple):
     names: tuple = ("youngs_modulus",)  # one of BAG_NAMES, or a pair
     start: str | None = None            # state file every forward run starts from (None: the tie checkpoint)
     start_value: float | None = None    # start value of a single parameter
-    start_factor: float = 2.0           # otherwise start at this × the film default
-    iterations: int = 10                # maximum evaluations
-    sigma: float = DEFAULT_SIGMA        # smoothing width in log-parameter space (2 ln 2 / 7)
+    start_factor: float = 1.0           # otherwise start at this × the film default (the nominal film)
+    iterations: int = 30                # maximum evaluations (one inside known lattice cells runs nothing)
+    step: float = DEFAULT_STEP          # lattice step of the smoothing in log-parameter space (2 ln 2 / 7)
     noise_mm: float = 0.5               # measurement noise of the error bar, mm
     model_scatter_mm: tuple | None = None  # one run's scatter (neck x, y, flap), mm (None: bag_rest.MODEL_SCATTER_MM)
-    estimator: str = "stein"            # the smoothed gradient (fitting.bag_rest.ESTIMATORS)
+    estimator: str = "spline"           # the smoothed Jacobian (fitting.bag_rest.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
     progress: bool = True
 
@@ -287,7 +287,7 @@ class BagFitOptions(NamedTuple):
             from fitting.bag import load_state
 
             load_state(self.start)  # FileNotFoundError / ValueError naming the file
-        for what, v in (("start_factor", self.start_factor), ("sigma", self.sigma), ("noise_mm", self.noise_mm)):
+        for what, v in (("start_factor", self.start_factor), ("step", self.step), ("noise_mm", self.noise_mm)):
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{what} must be > 0; got {v}")
         if self.start_value is not None and (len(names) != 1 or not (np.isfinite(self.start_value)
@@ -307,15 +307,19 @@ class BagFitOptions(NamedTuple):
 def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions()) -> dict:
     """``ipcjax fit --scene bag``: E, μf or kθ (or a pair) from the bag's rest shape.
 
-    Every evaluation runs the bag from ``options.start`` (default the tie checkpoint,
-    8.40 s) to 10.50 s at the smoothing nodes (:class:`fitting.bag_rest.BagRestProblem`),
-    and Levenberg–Marquardt steps from the smoothed measurements' Jacobian.
+    Every forward run goes from ``options.start`` (default the tie checkpoint, 8.40 s) to
+    10.50 s at a point of a fixed lattice in log-parameter space; an evaluation is the
+    cubic B-spline smoothing of the runs at the lattice points around it, each run once
+    (:class:`fitting.bag_rest.BagRestProblem`), and Levenberg–Marquardt steps from the
+    smoothed measurements' Jacobian. After the fit one more run at the best value gives the
+    fitted run's own measurements and final mesh.
 
     Args:
         out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
             the measurement noise, identifiability, what the model's own scatter allows
-            (:func:`fitting.bag_rest.scatter_budget`), the reach message if any), ``fit.png``, ``mesh/`` (the best
-            evaluation's nodes' final frames) and ``nodes/`` (each node's run folder).
+            (:func:`fitting.bag_rest.scatter_budget`), the fitted run, the reach message if
+            any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
+            ``nodes/`` (each run's folder).
         targets: measured (neck x, neck y, flap) in m; None: synthetic, the smoothed
             measurements at the film defaults (one more evaluation).
     Returns:
@@ -336,15 +340,16 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     t_start = time.perf_counter()
     start = options.start or br.DEFAULT_START
     known = _float64_params(Params.film_defaults())
-    problem = br.BagRestProblem(names, start, os.path.join(out, "nodes"), sigma=options.sigma,
+    problem = br.BagRestProblem(names, start, os.path.join(out, "nodes"), step=options.step,
                                 workers=options.workers, estimator=options.estimator)
-    record = dict(scene="bag", method="rest shape, Gaussian-smoothed over the parameters (fitting/bag_rest.py)",
-                  params=list(names), start_state=os.path.abspath(start), sigma_log=options.sigma,
+    record = dict(scene="bag", method="rest shape, cubic B-spline smoothing over a lattice in log-parameters "
+                                      "(fitting/bag_rest.py)",
+                  params=list(names), start_state=os.path.abspath(start), lattice_step_log=options.step,
                   estimator=options.estimator, noise_mm=options.noise_mm,
                   bounds={n: list(problem.bounds[n]) for n in names},
                   known_params={n: float(getattr(known, n)) for n in br.BAG_NAMES})
     synthetic = targets is None
-    result, failed, outside = None, None, None
+    result, failed, outside, fitted_run = None, None, None, None
     try:
         if synthetic:
             targets = problem(to_z(names, known), known).y
@@ -357,42 +362,51 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         p0 = known._replace(**{n: np.float64(v) for n, v in starts.items()})
         record["start"] = starts
         result = fit_measured(problem, targets, p0, names, optimizer=levenberg_marquardt(),
-                              iterations=options.iterations, loss_tol=1e-4, scale=SHAPE_SCALE,
+                              iterations=options.iterations, loss_tol=1e-4, rel_tol=1e-6, scale=SHAPE_SCALE,
                               progress=options.progress)
     except (br.NodeFailed, FitFailed) as e:
         failed = str(e)
-    finally:
-        problem.close()
     recs = problem.records
     record["iterates"] = recs
+    t_mm = None if targets is None else np.asarray(targets) * 1e3
+    loss = lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t_mm) ** 2))
+    try:
+        if recs and not failed:
+            best = min(recs, key=loss)
+            nd = problem.run(np.asarray(best["z"]))   # the fitted value's own run
+            fitted_run = dict(params=best["params"], y_mm=(nd.y * 1e3).tolist(), run_dir=nd.run_dir,
+                              loss_mm2=float(np.sum((nd.y * 1e3 - t_mm) ** 2)), wall_s=nd.wall_s)
+            tr = read_npz(os.path.join(nd.run_dir, "trajectory.npz"), "fitted run trajectory")
+            last = Trajectory(tr["film"][-1:], tr["spheres"][-1:], tr["faces"], tr["time"][-1:])
+            export_meshes(os.path.join(out, "mesh"), last, SPHERE_RADII, prefix="fitted")
+    except br.NodeFailed as e:
+        failed = f"the fitted value's own run: {e}"
+    finally:
+        problem.close()
     if recs:
-        t_mm = np.asarray(targets) * 1e3
-        loss = lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t_mm) ** 2))
         best = min(recs, key=loss)
         J = np.asarray(best["J"]) * 1e3
-        J_rest = np.mean([nd["J_rest"] for nd in best["nodes"]], axis=0) * 1e3
+        w = np.asarray([nd["weight"] for nd in best["nodes"]])
+        J_rest = np.tensordot(w, np.asarray([nd["J_rest"] for nd in best["nodes"]]), axes=1) * 1e3
         outside = br.reach_message(names, problem.bounds, recs, targets)
         record.update(
             best=dict(params=best["params"], y_mm=(np.asarray(best["y"]) * 1e3).tolist(), loss_mm2=loss(best)),
+            fitted_run=fitted_run,
             jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),
             interval_1sigma=br.interval(J, names, best["params"], options.noise_mm),
             identifiability=dict(smoothed=br.identifiability(J, names, options.noise_mm),
                                  rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)),
             model_scatter=br.scatter_budget(J, names, best["params"], options.model_scatter_mm or br.MODEL_SCATTER_MM,
-                                            runs_per_evaluation=len(best["nodes"])))
+                                            effective_runs=best["effective_runs"]))
         history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))
         except ImportError:
             pass
-        for j, nd in enumerate(best["nodes"]):
-            tr = read_npz(os.path.join(nd["run_dir"], "trajectory.npz"), "node trajectory")
-            last = Trajectory(tr["film"][-1:], tr["spheres"][-1:], tr["faces"], tr["time"][-1:])
-            export_meshes(os.path.join(out, "mesh"), last, SPHERE_RADII, prefix=f"node_{j}")
     record.update(converged=bool(result.converged) if result is not None else False, failed=failed,
                   outside_reach=outside,
                   fitted=None if (failed or outside or not recs) else dict(best["params"]),
-                  evaluations=problem.evaluations,
+                  evaluations=problem.evaluations, runs=problem.runs,
                   seconds_per_evaluation=problem.run_s / problem.evaluations if problem.evaluations else None,
                   wall_s=time.perf_counter() - t_start, cpus=os.cpu_count(), load_average=list(os.getloadavg()))
     write_json(os.path.join(out, "fit.json"), record)
@@ -408,7 +422,7 @@ def _three_mm(text, error):
     except ValueError:
         v = ()
     if len(v) != 3 or not all(np.isfinite(x) and x > 0 for x in v):
-        error(f"--model-scatter takes three values > 0 in mm (neck x, neck y, flap), e.g. 1.71,3.29,1.06; got {text!r}")
+        error(f"--model-scatter takes three values > 0 in mm (neck x, neck y, flap), e.g. 1.62,3.56,1.10; got {text!r}")
     return v
 
 
@@ -436,9 +450,10 @@ def bag_rest_command(args, error) -> int:
         from fitting.bag_rest import SPEC_TARGETS
 
         targets = SPEC_TARGETS
-    options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
-                            iterations=10 if args.iterations is None else args.iterations,
-                            sigma=DEFAULT_SIGMA if args.sigma is None else args.sigma,
+    options = BagFitOptions(names=names, start=args.state, start_value=args.start,
+                            start_factor=1.0 if args.start_factor is None else args.start_factor,
+                            iterations=30 if args.iterations is None else args.iterations,
+                            step=DEFAULT_STEP if args.lattice_step is None else args.lattice_step,
                             noise_mm=args.noise, model_scatter_mm=_three_mm(args.model_scatter, error),
                             workers=args.workers, progress=not args.quiet)
     options.check()
@@ -457,11 +472,12 @@ def shape_fit_command(args, error) -> int:
     reference run failed."""
     from ipcjax import runfolder
 
-    rest_only = [f for f, v in (("--pair", args.pair), ("--synthetic", args.synthetic), ("--sigma", args.sigma),
+    rest_only = [f for f, v in (("--pair", args.pair), ("--synthetic", args.synthetic), ("--lattice-step", args.lattice_step),
                                 ("--model-scatter", args.model_scatter), ("--workers", args.workers)) if v]
     if rest_only:
         error(f"{', '.join(rest_only)}: only for --scene bag without --window (the rest-shape fit)")
-    options = ShapeFitOptions(param=args.param, joint=args.joint, start=args.start, start_factor=args.start_factor,
+    options = ShapeFitOptions(param=args.param, joint=args.joint, start=args.start,
+                              start_factor=2.0 if args.start_factor is None else args.start_factor,
                               iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
     options.groups()
     try:

@@ -12,17 +12,26 @@ of the fitted parameters (E, μf, kθ):
    audit of every ``audit_every``-th frame). By then the bag has settled (the fastest
    particle at 0.5–12 mm/s over the E sweep of docs/differentiation.md).
 2. **Smoothing**: one trajectory's measurements are piecewise in the parameters (pleats
-   snap shut or not; docs/differentiation.md: runs scatter by 1.7–3.3 mm about the trend
-   in E). The
-   fitted quantity is their Gaussian smoothing in log-parameter space,
-   ȳ(z) = E[y(z + σε)], ε ~ N(0, I), on the 2d sigma points z ± σ√d·eᵢ of the d fitted
-   parameters (weights 1/(2d); exact for the Gaussian's first three moments, the two-point
-   Gauss–Hermite rule for d = 1). Its gradient is Stein's identity on the same nodes,
-   ∂ȳ/∂zⱼ ≈ E[y ε]/σ = (y(z + σ√d eⱼ) − y(z − σ√d eⱼ))/(2σ√d): the zero-order estimator of
-   randomized smoothing (Duchi, Bartlett & Wainwright 2012; Nesterov & Spokoiny 2017;
-   Berthet et al. 2020, "Learning with differentiable perturbed optimizers"), which sees
-   the path, where the pathwise (first-order) estimator is biased by the jumps (Suh et al.
-   2022, "Do differentiable simulators give better policy gradients?").
+   snap shut or not; docs/differentiation.md: on the E sweep the neck jumps by up to 7 mm
+   between neighbouring runs 10 % apart). The runs repeat (the same parameters give the
+   same measurements, mostly to under a micrometre: docs/differentiation.md), so every
+   run is made at a point of a fixed lattice z₀ + j h in log-parameter space (z₀ the film defaults' logs, h =
+   ``step``), once, and the fitted quantity is their cubic B-spline smoothing
+
+       ȳ(z) = Σ_j w_j(z) y(z₀ + j h),   w_j(z) = Πᵢ N((zᵢ − z₀ᵢ)/h − jᵢ),
+
+   N the cubic B-spline (:func:`bspline3`): Schoenberg's variation-diminishing spline
+   approximation (M. Marsden and I. J. Schoenberg 1966, "On variation diminishing spline
+   approximation methods"; C. de Boor, "A Practical Guide to Splines", 2001, ch. XI). It is C² in z, reproduces straight lines, and has no more wiggles than the runs'
+   own sequence: a jump between two nodes becomes a smooth ramp over four. Its Jacobian is
+   its exact derivative Σ_j y_j ∂w_j/∂z, so the fit's gradient is the gradient of the
+   loss it minimises and points the way its values go. An evaluation needs the 4^d lattice
+   points around z (3^d on the lattice); a fit that moves by less than a lattice step
+   reuses them, so the last iterations of a fit cost no run. The lattice, not a random
+   draw, fixes which runs are averaged (common random numbers). The kernel N, the
+   four-fold convolution of the unit box, is close to a Gaussian of standard deviation
+   h/√3; the runs' scatter remains in ȳ as in the mean of 2.0 to 2.2 independent runs
+   (:func:`effective_runs`).
 3. **Rest-state derivative** (reported beside it; ``estimator="rest"`` fits with it): at
    the final positions x the step's optimality less its inertia is the static balance
    G(x; θ) = ∇(V + D)(x; θ) − M g − f = 0, V the membrane, bending, barrier, support and
@@ -35,13 +44,13 @@ of the fitted parameters (E, μf, kθ):
    one dense Cholesky factorisation and one VJP of G per measurement. It holds the
    friction anchors, so it is the response of a bag whose loaded contacts stick; on the
    bag it has the sign of the values' trend in E but a third of its size, and it is
-   nearly blind to μf and kθ (docs/differentiation.md): that is why the fit uses Stein's
-   estimate. In the
-   "rest" mode μf (PATH_ONLY) still takes Stein's. The derivative is only used where H is
+   nearly blind to μf and kθ (docs/differentiation.md): that is why the fit uses the
+   spline's derivative. In the "rest" mode μf (PATH_ONLY) still takes the spline's. The derivative is only used where H is
    positive definite and ‖G‖∞ is below REST_RESIDUAL_TOL (:func:`check_rest`).
 
-Every node runs in a worker process (``workers``, default all cores), and a node met again
-reuses its finished run (:func:`node_folder`). A failed node (a failed step, a
+Every run is made in a worker process (``workers``, default all cores), and a node met
+again, in this fit or in a sweep or fit that wrote to the same folder, reuses its finished
+run (:func:`node_folder`). A failed node (a failed step, a
 self-intersecting frame) raises :class:`NodeFailed` naming the node's parameters and the
 reason; an iterate outside the parameter range is evaluated at the range's end.
 """
@@ -61,19 +70,18 @@ from fitting.fit import Evaluation, from_z
 #: The parameters the bag fit can fit (log-parameters z).
 BAG_NAMES = ("youngs_modulus", "friction", "bending_scale")
 #: Parameters the rest-state derivative cannot see (it holds the friction anchors: 0.003 mm
-#: per unit log μf at the film defaults); estimator "rest" takes Stein's estimate for them.
+#: per unit log μf at the film defaults); estimator "rest" takes the spline's derivative for them.
 PATH_ONLY = ("friction",)
 #: Default start of every forward run: the full-resolution tie checkpoint (8.40 s).
 DEFAULT_START = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "tests", "data", "bag_full_tie.npz")
-#: The smoothed gradient's estimators (BagRestProblem, smooth).
-ESTIMATORS = ("stein", "rest")
-#: Default smoothing width in log-parameter space: 2 ln 2 / 7 ≈ 0.198 (nodes at × 0.82 and
-#: × 1.22), two steps of the sweep 2^(k/7) in benchmarks/bag_sweep.py, whose points are
-#: then nodes. At one step (× 0.91, × 1.10) the smoothed loss against the specification's
-#: bag still rises from E × 0.91 to × 1.0 and Stein's gradient at the film default points
-#: away from the minimum (docs/differentiation.md).
-DEFAULT_SIGMA = 2 * math.log(2.0) / 7
+#: The smoothed Jacobian's estimators (BagRestProblem, lattice_smooth).
+ESTIMATORS = ("spline", "rest")
+#: Default lattice step h in log-parameter space: 2 ln 2 / 7 ≈ 0.198 (neighbouring nodes a
+#: factor 2^(2/7) ≈ 1.22 apart), every second point of benchmarks/bag_sweep.py's grid
+#: 2^(k/7), whose runs are then nodes. At one grid step the smoothed loss against synthetic
+#: targets has a second minimum near E × 0.74 (docs/differentiation.md).
+DEFAULT_STEP = 2 * math.log(2.0) / 7
 #: Default range of each fitted parameter, × its film default.
 DEFAULT_RANGE = (0.25, 4.0)
 #: The final state must have ‖G(x)‖∞ below this × the largest force of one energy term on
@@ -321,10 +329,71 @@ def _node_task(args):
 # --------------------------------------------------------------------------- the smoothed problem
 
 
-def sigma_points(d: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
-    """The 2d offsets ±σ√d·eᵢ (2d, d) and their weights (2d,) = 1/(2d)."""
-    E = np.eye(d) * sigma * math.sqrt(d)
-    return np.concatenate([E, -E]), np.full(2 * d, 1.0 / (2 * d))
+def bspline3(u):
+    """The cubic B-spline N(u) of unit knot spacing, centred at 0 (u in lattice steps):
+
+        N(u) = 2/3 − u² + |u|³/2      for |u| < 1,
+               (2 − |u|)³/6           for 1 ≤ |u| < 2,
+               0                      beyond.
+
+    Non-negative, C² in u, and on the integer lattice a partition of unity that reproduces
+    straight lines: Σⱼ N(u − j) = 1 and Σⱼ j N(u − j) = u for every u (de Boor, "A
+    Practical Guide to Splines", 2001, ch. IX and XI).
+    """
+    a = np.abs(np.asarray(u, np.float64))
+    return np.where(a < 1, 2.0 / 3.0 - a**2 + 0.5 * a**3, np.where(a < 2, (2.0 - a) ** 3 / 6.0, 0.0))
+
+
+def bspline3_derivative(u):
+    """dN/du of :func:`bspline3`: −2u + 3u|u|/2 for |u| < 1, −sign(u)(2 − |u|)²/2 for
+    1 ≤ |u| < 2, 0 beyond (continuous, as N is C²)."""
+    u = np.asarray(u, np.float64)
+    a = np.abs(u)
+    return np.where(a < 1, -2.0 * u + 1.5 * u * a, np.where(a < 2, -np.sign(u) * 0.5 * (2.0 - a) ** 2, 0.0))
+
+
+def lattice_support(u) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lattice points of non-zero weight at the point u (d,) in lattice steps.
+
+    Returns (index (n, d) int, w (n,), dw (n, d)): the tensor-product weights
+    w_j = Πᵢ N(uᵢ − jᵢ) (:func:`bspline3`; at most 4^d points, 3^d where u lies on the
+    lattice) and their gradients ∂w_j/∂u. Σ w = 1.
+    """
+    import itertools
+
+    u = np.asarray(u, np.float64).reshape(-1)
+    axes = []
+    for ui in u:
+        base = math.floor(ui)
+        js = [j for j in range(base - 1, base + 3) if bspline3(ui - j) > 0]
+        axes.append([(j, float(bspline3(ui - j)), float(bspline3_derivative(ui - j))) for j in js])
+    index, w, dw = [], [], []
+    for combo in itertools.product(*axes):
+        index.append([c[0] for c in combo])
+        vals = [c[1] for c in combo]
+        w.append(math.prod(vals))
+        dw.append([c[2] * math.prod(vals[:i] + vals[i + 1:]) for i, c in enumerate(combo)])
+    return np.asarray(index, np.int64), np.asarray(w), np.asarray(dw)
+
+
+def lattice_smooth(nodes, w, dw, names, step, estimator="spline"):
+    """ȳ (m,) = Σ_j w_j y_j and J̄ (m, len(names)): per column the derivative of ȳ,
+    Σ_j y_j ∂w_j/∂zᵢ = Σ_j y_j (∂w_j/∂uᵢ)/h, or (``estimator="rest"``) the weighted mean
+    Σ_j w_j ∂y_j/∂zᵢ of the nodes' rest-state derivatives, except for PATH_ONLY parameters.
+
+    ``nodes`` are the :class:`NodeResult` at the lattice points of ``w`` (weights) and
+    ``dw`` (their gradients in lattice steps; :func:`lattice_support`); ``step`` = h.
+    """
+    Y = np.stack([nd.y for nd in nodes])                        # (n, m)
+    w, dw = np.asarray(w), np.asarray(dw).reshape(len(nodes), len(names))
+    y = w @ Y
+    J = np.zeros((Y.shape[1], len(names)))
+    for i, n in enumerate(names):
+        if estimator == "spline" or n in PATH_ONLY:
+            J[:, i] = dw[:, i] @ Y / step
+        else:
+            J[:, i] = w @ np.stack([nd.J[:, BAG_NAMES.index(n)] for nd in nodes])
+    return y, J
 
 
 class BagRestProblem:
@@ -334,51 +403,55 @@ class BagRestProblem:
     ``names``, and ``problem(z, params) -> Evaluation(y, J, wall_s)`` over ``names``.
 
     Args:
-        names: the fitted parameters (a subset of BAG_NAMES; the smoothing spreads along
-            these only).
+        names: the fitted parameters (a subset of BAG_NAMES; the lattice spans these only,
+            the others stay at their film defaults).
         start: the state file every forward run starts from.
         out: folder for the nodes' run folders (:func:`node_folder`; a node met again, in
             this fit or an earlier one with the same ``out``, reuses its finished run).
-        sigma: smoothing width in log-parameter space.
+        step: the lattice step h in log-parameter space; the lattice is z₀ + j h, z₀ the
+            film defaults' logs.
         bounds: {name: (lo, hi)} in the parameters' units (default DEFAULT_RANGE × film
             default); an iterate outside is evaluated at the range's end (its record says
             ``clipped``), and :func:`reach_message` reads the records.
-        workers: worker processes (default: the machine's cores, at most the node count).
+        workers: worker processes for the runs (default: the machine's cores).
         until: end time of the forward runs (default: the protocol's end).
         audit_every: audit every n-th step's frame for self-intersection.
-        estimator: "stein" (every column by Stein's identity on the nodes) or "rest" (the
-            nodes' rest-state derivatives; Stein's for PATH_ONLY parameters).
+        estimator: "spline" (every column the derivative of the smoothed measurements) or
+            "rest" (the weighted mean of the nodes' rest-state derivatives; the spline's for
+            PATH_ONLY parameters).
     """
 
-    def __init__(self, names, start: str = DEFAULT_START, out: str = "runs/fit_bag", *, sigma: float = DEFAULT_SIGMA,
+    def __init__(self, names, start: str = DEFAULT_START, out: str = "runs/fit_bag", *, step: float = DEFAULT_STEP,
                  bounds: dict | None = None, workers: int | None = None, until: float | None = None,
-                 audit_every: int = 6, estimator: str = "stein"):
+                 audit_every: int = 6, estimator: str = "spline"):
         from ipcjax.model import Params
 
         names = tuple(names)
         bad = [n for n in names if n not in BAG_NAMES]
         if not names or bad or len(set(names)) != len(names):
             raise ValueError(f"the bag fit fits one or more of {', '.join(BAG_NAMES)}, each once; got {names}")
-        if not (np.isfinite(sigma) and sigma > 0):
-            raise ValueError(f"sigma must be > 0 (a width in log-parameter space); got {sigma}")
+        if not (np.isfinite(step) and step > 0):
+            raise ValueError(f"step must be > 0 (the lattice step in log-parameter space); got {step}")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}")
         if not os.path.exists(start):
             raise FileNotFoundError(f"bag fit start state {start}: no such file")
-        self.names, self.start, self.out, self.sigma = names, start, out, float(sigma)
+        self.names, self.start, self.out, self.step = names, start, out, float(step)
         self.until, self.audit_every, self.estimator = until, int(audit_every), estimator
         d0 = Params.film_defaults()
         self.bounds = {n: tuple(float(getattr(d0, n)) * f for f in DEFAULT_RANGE) for n in names}
         self.bounds.update(bounds or {})
-        self.offsets, self.weights = sigma_points(len(names), self.sigma)
-        self.workers = min(workers or os.cpu_count() or 1, len(self.weights))
+        self.cols = [BAG_NAMES.index(n) for n in names]
+        self.origin = _full_z((), [])     # z₀ over BAG_NAMES: the lattice's point j = 0
+        self.workers = max(1, int(workers or os.cpu_count() or 1))
         self._pool = None
-        self.records: list = []   # one dict per evaluation: z, y, J, nodes
-        self.compiles, self.compile_s, self.evaluations, self.run_s = 0, 0.0, 0, 0.0
+        self.nodes: dict = {}             # lattice index (tuple over names) -> NodeResult
+        self.records: list = []           # one dict per evaluation: z, y, J, nodes
+        self.evaluations, self.runs, self.run_s = 0, 0, 0.0
 
     # the pool lives as long as the problem: each worker compiles the step once
     def _map(self, tasks):
-        if self.workers == 1:
+        if self.workers == 1 or len(tasks) == 1 and self._pool is None:
             return [_node_task(t) for t in tasks]
         if self._pool is None:
             self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
@@ -395,38 +468,64 @@ class BagRestProblem:
         except Exception:
             pass
 
+    def _task(self, zfull):
+        return (self.start, zfull, os.path.join(self.out, node_folder(zfull, self.start)), self.until,
+                self.audit_every)
+
+    def lattice_z(self, index) -> np.ndarray:
+        """z over BAG_NAMES of the lattice point ``index`` (over ``names``)."""
+        z = self.origin.copy()
+        z[self.cols] += np.asarray(index, np.float64) * self.step
+        return z
+
+    def run(self, z) -> NodeResult:
+        """One forward run at the log-parameters z (over ``names``), off the lattice too (the
+        fitted value's own run); counted in ``runs``."""
+        zfull = self.origin.copy()
+        zfull[self.cols] = np.asarray(z, np.float64)
+        self.runs += 1
+        return self._map([self._task(zfull)])[0]
+
     def __call__(self, z, params) -> Evaluation:
-        """(ȳ, J̄) at the log-parameters z (over ``names``); the parameters not fitted are
-        the film defaults' (``params``, which :func:`fit_measured` passes, is not read)."""
+        """(ȳ, J̄) at the log-parameters z (over ``names``), running the lattice points it
+        needs that have not run yet; the parameters not fitted are the film defaults'
+        (``params``, which :func:`fit_measured` passes, is not read)."""
         t0 = time.perf_counter()
         z_asked = np.asarray(z, np.float64).reshape(len(self.names))
         lo, hi = (np.log([self.bounds[n][i] for n in self.names]) for i in (0, 1))
         z = np.clip(z_asked, lo, hi)   # an iterate past the range is evaluated at its end
-        base = _full_z(self.names, z)
-        tasks = []
-        for j, off in enumerate(self.offsets):
-            zn = base.copy()
-            for i, n in enumerate(self.names):
-                zn[BAG_NAMES.index(n)] += off[i]
-            tasks.append((self.start, zn, os.path.join(self.out, node_folder(zn, self.start)), self.until,
-                          self.audit_every))
+        index, w, dw = lattice_support((z - self.origin[self.cols]) / self.step)
+        keys = [tuple(int(v) for v in j) for j in index]
+        missing = [k for k in keys if k not in self.nodes]
         try:
-            nodes = self._map(tasks)
+            for k, nd in zip(missing, self._map([self._task(self.lattice_z(k)) for k in missing])):
+                self.nodes[k] = nd
         finally:
             self.evaluations += 1
+            self.runs += len(missing)
             self.run_s += time.perf_counter() - t0
+        nodes = [self.nodes[k] for k in keys]
         if self.estimator == "rest":
             for nd in nodes:
                 check_rest(nd)
-        y, J = smooth(nodes, self.offsets, self.weights, self.names, self.sigma, self.estimator)
+        y, J = lattice_smooth(nodes, w, dw, self.names, self.step, self.estimator)
         self.records.append(dict(z=z.tolist(), params={n: math.exp(v) for n, v in zip(self.names, z)},
-                                 clipped=bool(np.any(z != z_asked)),
-                                 y=y.tolist(), J=J.tolist(), wall_s=time.perf_counter() - t0,
-                                 nodes=[dict(params=dict(zip(BAG_NAMES, np.exp(nd.z).tolist())), y=nd.y.tolist(),
+                                 clipped=bool(np.any(z != z_asked)), y=y.tolist(), J=J.tolist(),
+                                 new_runs=len(missing), effective_runs=effective_runs(w),
+                                 wall_s=time.perf_counter() - t0,
+                                 nodes=[dict(index=list(k), weight=float(wk),
+                                             params=dict(zip(BAG_NAMES, np.exp(nd.z).tolist())), y=nd.y.tolist(),
                                              J_rest=nd.J.tolist(), residual_ratio=nd.residual_ratio,
                                              max_speed_m_s=nd.max_speed, wall_s=nd.wall_s, run_dir=nd.run_dir)
-                                        for nd in nodes]))
+                                        for k, wk, nd in zip(keys, w, nodes)]))
         return Evaluation(y, J, time.perf_counter() - t0)
+
+
+def effective_runs(w) -> float:
+    """1/Σ w²: the number of equally weighted independent runs whose mean has the variance
+    of Σ w_j y_j (in 1-D 2.0 on a lattice point, 2.17 half-way between two)."""
+    w = np.asarray(w, np.float64)
+    return float(1.0 / np.sum(w**2))
 
 
 def _full_z(names, z) -> np.ndarray:
@@ -438,21 +537,6 @@ def _full_z(names, z) -> np.ndarray:
     for n, v in zip(names, z):
         full[BAG_NAMES.index(n)] = v
     return full
-
-
-def smooth(nodes, offsets, weights, names, sigma, estimator="stein"):
-    """ȳ (m,) and J̄ (m, len(names)) from the nodes: the weighted mean of y; per column
-    Stein's estimate Σ wᵢ yᵢ offsetᵢ/σ², or (``estimator="rest"``) the mean of the nodes'
-    rest-state derivatives except for PATH_ONLY parameters."""
-    Y = np.stack([nd.y for nd in nodes])                        # (2d, m)
-    y = weights @ Y
-    J = np.zeros((Y.shape[1], len(names)))
-    for i, n in enumerate(names):
-        if estimator == "stein" or n in PATH_ONLY:
-            J[:, i] = (weights * offsets[:, i]) @ Y / sigma**2
-        else:
-            J[:, i] = weights @ np.stack([nd.J[:, BAG_NAMES.index(n)] for nd in nodes])
-    return y, J
 
 
 # --------------------------------------------------------------------------- what a fit says
@@ -496,25 +580,30 @@ def interval(J_mm, names, values, noise_mm) -> dict:
 
 
 #: One forward run's scatter about the trend of the rest shape in E (neck x, neck y, flap;
-#: mm, one standard deviation): the 17-run E sweep, docs/figures/bag_sweep_E/sweep_w2.json
+#: mm, one standard deviation): the 19-run E sweep, docs/figures/bag_sweep_E/sweep_w2.json
 #: ("trend"), reprinted by ``python3 benchmarks/bag_sweep.py --report --out
 #: docs/figures/bag_sweep_E``. The model's own noise: pleats snap shut or not.
-MODEL_SCATTER_MM = (1.71, 3.29, 1.06)
+MODEL_SCATTER_MM = (1.62, 3.56, 1.10)
 #: Relative 1σ accuracies for which :func:`scatter_budget` says how many runs each node needs.
 ACCURACY_GOALS = (0.02, 0.05)
 
 
-def scatter_budget(J_mm, names, values, scatter_mm, *, runs_per_evaluation: int, goals=ACCURACY_GOALS) -> dict:
+def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, goals=ACCURACY_GOALS) -> dict:
     """What the model's own scatter allows: the 1σ interval when each smoothed measurement
-    averages ``runs_per_evaluation`` single runs whose scatter is ``scatter_mm`` (so its
-    noise is scatter/√runs), and, per parameter and goal g, the runs each node would need
-    for a relative 1σ of g (the noise falls as 1/√K, so K = ⌈(σ_z / log(1 + g))²⌉ runs per
-    node, 1 where one run already reaches g)."""
+    has the variance of a mean of ``effective_runs`` independent single runs whose scatter is
+    ``scatter_mm`` (so its noise is scatter/√effective_runs; :func:`effective_runs`), and,
+    per parameter and goal g, the runs each lattice node would need (a mean of K runs from
+    perturbed starts in place of one) for a relative 1σ of g: the noise falls as 1/√K, so
+    K = ⌈(σ_z / log(1 + g))²⌉, 1 where one run per node already reaches g. It treats the
+    runs' scatter as independent noise; neighbouring runs that share a pleat pattern are
+    not, so it is an estimate of the order, not a bound."""
     s = np.broadcast_to(np.asarray(scatter_mm, np.float64), (np.asarray(J_mm).shape[0],))
-    iv = interval(J_mm, names, values, s / math.sqrt(runs_per_evaluation))
+    if not (np.isfinite(effective_runs) and effective_runs > 0):
+        raise ValueError(f"effective_runs must be > 0; got {effective_runs}")
+    iv = interval(J_mm, names, values, s / math.sqrt(effective_runs))
     need = {n: {f"{g:.0%}": (max(1, math.ceil((iv[n]["sigma_log"] / math.log1p(g)) ** 2))
                              if math.isfinite(iv[n]["sigma_log"]) else None) for g in goals} for n in names}
-    return dict(scatter_mm=s.tolist(), runs_per_evaluation=int(runs_per_evaluation), interval_1sigma=iv,
+    return dict(scatter_mm=s.tolist(), effective_runs=float(effective_runs), interval_1sigma=iv,
                 runs_per_node_for=need)
 
 

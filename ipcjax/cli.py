@@ -85,8 +85,8 @@ def _fit(argv):
         "30 µm film pouch around a sphere on a floor, pinched, tied and released; the measurements are its neck "
         "width (x, y) and flap height. Without targets they are simulated with the film's default parameters, "
         "and E, μf and kθ are each recovered alone from --start-factor × off (--joint: all three together). "
-        "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, each evaluation running "
-        "it from the tie checkpoint (--state) to 10.50 s at two smoothing nodes, against the specification's "
+        "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, smoothed over runs from "
+        "the tie checkpoint (--state) to 10.50 s on a lattice in the parameters, against the specification's "
         "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
         "film's tip height, one parameter, adam. The jobs are in fitting/app.py."))
     ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
@@ -94,23 +94,23 @@ def _fit(argv):
                      ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
                      ("--pair", dict(help="bag: fit two parameters, e.g. youngs_modulus,friction")),
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
-                     ("--sigma", dict(type=float, help="bag: smoothing width in log-parameters (2 ln 2 / 7)")),
+                     ("--lattice-step", dict(type=float, help="bag: smoothing lattice step in log-parameters (2 ln 2 / 7)")),
                      ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
-                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.71,3.29,1.06)")),
+                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.62,3.56,1.10)")),
                      ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
         ap.add_argument(flag, **kw)
     ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
                     "this parameter (pouch: E, μf and kθ in turn; bag: E; cantilever: bending_scale)")
     ap.add_argument("--joint", action="store_true", help="pouch, bag --window: fit E, μf and kθ together")
     ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
-    ap.add_argument("--start-factor", type=float, default=2.0, help="pouch: start at this × the known value (default 2)")
+    ap.add_argument("--start-factor", type=float, help="start at this × the film default (bag 1; pouch, --window 2)")
     ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
     for flag, what in (("--neck-x", "neck width along x"), ("--neck-y", "neck width along y"), ("--flap", "flap height")):
         ap.add_argument(flag, type=float, default=None, help=f"pouch, bag: measured {what}, m")
     for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
                      ("--steps", dict(type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)"))):
         ap.add_argument(flag, **kw)
-    ap.add_argument("--iterations", type=int, default=None, help="maximum iterations (pouch 30, bag 10, cantilever 80)")
+    ap.add_argument("--iterations", type=int, default=None, help="maximum iterations (pouch 30, bag 30, cantilever 80)")
     ap.add_argument("--lr", type=float, default=0.1, help="cantilever: adam learning rate on log-parameters")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")

@@ -154,38 +154,102 @@ def test_check_rest_refuses_what_the_rest_derivative_cannot_use():
         br.check_rest(_node(z, [0.04, 0.04, 0.015], np.full((3, 3), np.nan)))
 
 
-@pytest.mark.parametrize("d", [1, 2])
-def test_sigma_points_have_the_gaussians_moments(d):
-    off, w = br.sigma_points(d, 0.2)
-    assert off.shape == (2 * d, d) and np.isclose(w.sum(), 1.0)
-    np.testing.assert_allclose(w @ off, 0.0, atol=1e-15)
-    np.testing.assert_allclose((w[:, None, None] * off[:, :, None] * off[:, None, :]).sum(0), 0.04 * np.eye(d))
+def test_bspline_is_a_partition_of_unity_that_reproduces_lines():
+    u = np.linspace(-3.0, 3.0, 601)
+    j = np.arange(-6, 7)
+    N = br.bspline3(u[:, None] - j[None, :])
+    assert np.all(N >= 0)
+    np.testing.assert_allclose(N.sum(1), 1.0, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(N @ j, u, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(br.bspline3(np.array([0.0, 1.0, 2.0])), [2 / 3, 1 / 6, 0.0], rtol=0, atol=1e-15)
 
 
-def test_smooth_gives_the_gaussian_mean_and_steins_gradient_of_a_quadratic():
-    """For y(z) = a z² + b z + c the two-node rule is exact: ȳ = a(z² + σ²) + b z + c and
-    Stein's estimate (y₊ − y₋)/(2σ) = 2 a z + b; the "rest" estimator averages the nodes'
-    own derivatives, except for μf (path only), which always takes Stein's."""
-    a, b, c = np.array([1.5, -2.0, 0.3]), np.array([0.2, 0.7, -1.1]), np.array([0.04, 0.03, 0.01])
-    sigma, z = 0.1, 0.37
-    off, w = br.sigma_points(1, sigma)
-    y = lambda t: a * t * t + b * t + c
+@pytest.mark.parametrize("u", [-1.7, -1.25, -0.6, -0.2, 0.3, 0.8, 1.1, 1.6])
+def test_bspline_derivative_matches_central_differences_inside_each_piece(u):
+    """dN/du against central differences with h = 1e-6, at points at least 0.1 from the
+    knots (one polynomial piece on both sides), float64."""
+    h = 1e-6
+    fd = (br.bspline3(u + h) - br.bspline3(u - h)) / (2 * h)
+    d = br.bspline3_derivative(u)
+    assert abs(d) > 1e-3
+    np.testing.assert_allclose(d, fd, rtol=1e-8)
+
+
+def test_bspline_is_c2_across_its_knots():
+    """Value, slope and (by differences of the slope) curvature agree on both sides of the
+    knots 0, ±1, ±2."""
+    e = 1e-7
+    for k in (-2.0, -1.0, 0.0, 1.0, 2.0):
+        assert abs(br.bspline3(k + e) - br.bspline3(k - e)) < 1e-6
+        assert abs(br.bspline3_derivative(k + e) - br.bspline3_derivative(k - e)) < 1e-6
+        c = lambda x: (br.bspline3_derivative(x + 1e-4) - br.bspline3_derivative(x - 1e-4)) / 2e-4
+        assert abs(c(k + 1e-3) - c(k - 1e-3)) < 1e-2
+
+
+@pytest.mark.parametrize("u, n", [([0.3], 4), ([2.0], 3), ([-0.4, 1.0], 12), ([0.5, 0.5], 16)])
+def test_lattice_support_is_the_tensor_product_of_the_splines(u, n):
+    idx, w, dw = br.lattice_support(np.asarray(u))
+    assert idx.shape == (n, len(u)) and w.shape == (n,) and dw.shape == (n, len(u))
+    assert np.all(w > 0) and math.isclose(w.sum(), 1.0, rel_tol=1e-14)
+    np.testing.assert_allclose(w @ idx, u, atol=1e-13)          # the lattice reproduces lines
+    np.testing.assert_allclose(dw.sum(0), 0.0, atol=1e-13)       # Σ w stays 1
+    for i in range(len(u)):                                      # ∂w/∂uᵢ against central differences
+        du = np.zeros(len(u)); du[i] = 1e-6
+        wp = dict(zip(map(tuple, br.lattice_support(np.asarray(u) + du)[0]), br.lattice_support(np.asarray(u) + du)[1]))
+        wm = dict(zip(map(tuple, br.lattice_support(np.asarray(u) - du)[0]), br.lattice_support(np.asarray(u) - du)[1]))
+        fd = np.array([(wp.get(tuple(j), 0.0) - wm.get(tuple(j), 0.0)) / 2e-6 for j in idx])
+        np.testing.assert_allclose(dw[:, i], fd, rtol=1e-6, atol=1e-9)
+
+
+def test_effective_runs_of_the_lattice_weights():
+    assert br.effective_runs(br.lattice_support([0.0])[1]) == pytest.approx(2.0)
+    assert br.effective_runs(br.lattice_support([0.5])[1]) == pytest.approx(1 / (2 * (23 / 48) ** 2 + 2 / 48**2))
+    assert br.effective_runs([0.25] * 4) == pytest.approx(4.0)
+
+
+def test_lattice_smooth_of_a_line_is_the_line_and_its_slope():
+    """For y(z) = a + b z the spline smoothing is exact (it reproduces lines): ȳ(z) = y(z)
+    and J̄ = b at any z; the "rest" estimator averages the nodes' own derivatives with the
+    weights, except for μf (path only), which always takes the spline's."""
+    a, b = np.array([0.04, 0.03, 0.01]), np.array([0.2, 0.7, -1.1])
+    h, z = 0.2, 0.37
+    idx, w, dw = br.lattice_support([z / h])
     for name in ("youngs_modulus", "friction"):
         k = NAMES.index(name)
         nodes = []
-        for o in off[:, 0]:
-            J = np.zeros((3, 3)); J[:, k] = 2 * a * (z + o) + b
-            zz = np.zeros(3); zz[k] = z + o
-            nodes.append(_node(zz, y(z + o), J))
-        ybar, Jst = br.smooth(nodes, off, w, (name,), sigma, "stein")
-        np.testing.assert_allclose(ybar, a * (z * z + sigma**2) + b * z + c, rtol=1e-12)
-        np.testing.assert_allclose(Jst[:, 0], 2 * a * z + b, rtol=1e-10)
-        _, Jr = br.smooth(nodes, off, w, (name,), sigma, "rest")
-        np.testing.assert_allclose(Jr[:, 0], 2 * a * z + b, rtol=1e-10)
-    # a node derivative that disagrees with the values shows in "rest", not in "stein"
-    nodes = [_node(np.zeros(3), y(z + o), np.full((3, 3), 9.0)) for o in off[:, 0]]
-    assert np.allclose(br.smooth(nodes, off, w, ("youngs_modulus",), sigma, "rest")[1], 9.0)
-    assert np.allclose(br.smooth(nodes, off, w, ("friction",), sigma, "rest")[1][:, 0], 2 * a * z + b)
+        for j in idx[:, 0]:
+            J = np.zeros((3, 3)); J[:, k] = b
+            zz = np.zeros(3); zz[k] = j * h
+            nodes.append(_node(zz, a + b * j * h, J))
+        ybar, Js = br.lattice_smooth(nodes, w, dw, (name,), h, "spline")
+        np.testing.assert_allclose(ybar, a + b * z, rtol=1e-12)
+        np.testing.assert_allclose(Js[:, 0], b, rtol=1e-10)
+        _, Jr = br.lattice_smooth(nodes, w, dw, (name,), h, "rest")
+        np.testing.assert_allclose(Jr[:, 0], b, rtol=1e-10)
+    # a node derivative that disagrees with the values shows in "rest", not in "spline"
+    nodes = [_node(np.zeros(3), a + b * j * h, np.full((3, 3), 9.0)) for j in idx[:, 0]]
+    assert np.allclose(br.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h, "rest")[1], 9.0)
+    np.testing.assert_allclose(br.lattice_smooth(nodes, w, dw, ("friction",), h, "rest")[1][:, 0], b, rtol=1e-10)
+
+
+def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
+    """A unit step between the nodes 0 and 1 (y = 0 for j ≤ 0, 1 for j ≥ 1): ȳ rises
+    monotonically from 0 to 1 over the three cells around it, its derivative is non-negative
+    and agrees with central differences of ȳ everywhere, knots included (C²)."""
+    h = 0.2
+
+    def ybar_J(z):
+        idx, w, dw = br.lattice_support([z / h])
+        nodes = [_node(np.zeros(3), np.full(3, float(j >= 1))) for j in idx[:, 0]]
+        return br.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h)
+
+    assert ybar_J(-1.0 * h)[0][0] == 0.0 and ybar_J(2.0 * h)[0][0] == pytest.approx(1.0, abs=1e-15)
+    zs = np.linspace(-0.99 * h, 1.99 * h, 81)   # the ramp: the nodes 0 and 1 both in the support
+    yb = np.array([ybar_J(z)[0][0] for z in zs])
+    J = np.array([ybar_J(z)[1][0, 0] for z in zs])
+    assert np.all(np.diff(yb) > 0) and np.all(J > 0)
+    fd = np.array([(ybar_J(z + 1e-7)[0][0] - ybar_J(z - 1e-7)[0][0]) / 2e-7 for z in zs])
+    np.testing.assert_allclose(J, fd, rtol=1e-6, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- what a fit says
@@ -213,11 +277,12 @@ def test_interval_weights_each_measurement_by_its_own_noise():
 
 
 def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
-    """One run's scatter s per measurement, averaged over the evaluation's 2 runs (noise
-    s/√2); K runs per node divide σ_z by √K, so a goal g needs ⌈(σ_z/log(1 + g))²⌉."""
+    """One run's scatter s per measurement, in a smoothed measurement with the variance of
+    a mean of 2 runs (noise s/√2); K runs per node divide σ_z by √K, so a goal g needs
+    ⌈(σ_z/log(1 + g))²⌉."""
     J = np.array([[15.0], [12.0], [-2.0]])
     s = (1.7, 3.3, 1.1)
-    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, runs_per_evaluation=2)
+    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, effective_runs=2.0)
     sz = 1.0 / math.sqrt(2 * sum((j / si) ** 2 for j, si in zip(J[:, 0], s)))
     iv = b["interval_1sigma"]["youngs_modulus"]
     assert math.isclose(iv["sigma_log"], sz) and 0.05 < sz < 0.1
@@ -227,9 +292,10 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     k = need["2%"]
     assert sz / math.sqrt(k) <= math.log(1.02) < sz / math.sqrt(k - 1)
     blind = br.scatter_budget(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
-                              {"youngs_modulus": 1.0, "bending_scale": 1.0}, s,
-                              runs_per_evaluation=4)
+                              {"youngs_modulus": 1.0, "bending_scale": 1.0}, s, effective_runs=4.0)
     assert blind["runs_per_node_for"]["bending_scale"] == {"2%": None, "5%": None}
+    with pytest.raises(ValueError, match="effective_runs must be > 0"):
+        br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=0.0)
 
 
 def _record(value, y, J):
@@ -256,45 +322,62 @@ def test_reach_message_names_the_range_when_the_loss_falls_outward_at_its_end():
 def test_problem_refuses_bad_settings_before_running(tmp_path):
     with pytest.raises(ValueError, match="fits one or more of youngs_modulus, friction, bending_scale"):
         br.BagRestProblem(("thickness",), br.DEFAULT_START, str(tmp_path))
-    with pytest.raises(ValueError, match="sigma must be > 0"):
-        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), sigma=0.0)
-    with pytest.raises(ValueError, match="estimator must be one of stein, rest"):
-        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), estimator="adjoint")
+    with pytest.raises(ValueError, match="step must be > 0"):
+        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), step=0.0)
+    with pytest.raises(ValueError, match="estimator must be one of spline, rest"):
+        br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), estimator="stein")
     with pytest.raises(FileNotFoundError, match="no such file"):
         br.BagRestProblem(("youngs_modulus",), str(tmp_path / "none.npz"), str(tmp_path))
 
 
-def test_problem_runs_the_sigma_points_and_evaluates_past_its_range_at_the_end(tmp_path, monkeypatch):
-    """Nodes at z ± σ along the fitted parameter only, the others at the film defaults; an
-    iterate past the range is evaluated at the range's end and its record says so."""
-    seen = []
-
+def _linear_nodes(monkeypatch, seen, slope=(0.01, 0.0, 0.0), col=0):
+    """Fake node runs whose measurements are linear in z[col]; ``seen`` collects each run's z."""
     def fake(task):
         start, z, out, until, audit_every = task
         seen.append(np.asarray(z))
-        return _node(z, [0.04 + 0.01 * z[0], 0.04, 0.015])
+        return _node(z, np.array([0.04, 0.04, 0.015]) + np.asarray(slope) * (z[col] - math.log(315e6)))
 
     monkeypatch.setattr(br, "_node_task", fake)
-    pb = br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), sigma=0.1, workers=1)
+
+
+def test_problem_runs_each_lattice_point_once_and_evaluates_past_its_range_at_the_end(tmp_path, monkeypatch):
+    """The runs are at the lattice points z₀ + j h around z along the fitted parameter
+    only, the others at the film defaults; a second evaluation in the same cell runs
+    nothing; ȳ and J̄ of a line are the line and its slope; an iterate past the range is
+    evaluated at the range's end and its record says so."""
+    seen = []
+    _linear_nodes(monkeypatch, seen)
+    h = 0.1
+    pb = br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), step=h, workers=1)
+    d = np.log([float(getattr(Params.film_defaults(), n)) for n in NAMES])
     z = math.log(400e6)
     ev = pb(np.array([z]), None)
-    d = np.log([float(getattr(Params.film_defaults(), n)) for n in NAMES])
-    assert len(seen) == 2
-    np.testing.assert_allclose(seen[0], [z + 0.1, d[1], d[2]])
-    np.testing.assert_allclose(seen[1], [z - 0.1, d[1], d[2]])
-    np.testing.assert_allclose(ev.J[:, 0], [0.01, 0.0, 0.0], atol=1e-12)   # Stein: (y₊ − y₋)/(2σ)
-    assert pb.records[0]["params"]["youngs_modulus"] == pytest.approx(400e6) and not pb.records[0]["clipped"]
+    u = (z - d[0]) / h
+    js = sorted(round((s[0] - d[0]) / h) for s in seen)
+    assert js == list(range(math.floor(u) - 1, math.floor(u) + 3))
+    for s_ in seen:
+        np.testing.assert_allclose(s_[0], d[0] + round((s_[0] - d[0]) / h) * h, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(s_[1:], d[1:], rtol=0, atol=0)
+    np.testing.assert_allclose(ev.y, [0.04 + 0.01 * (z - d[0]), 0.04, 0.015], rtol=1e-12)
+    np.testing.assert_allclose(ev.J[:, 0], [0.01, 0.0, 0.0], atol=1e-12)
+    rec = pb.records[0]
+    assert rec["params"]["youngs_modulus"] == pytest.approx(400e6) and not rec["clipped"]
+    assert rec["new_runs"] == 4 and len(rec["nodes"]) == 4 and sum(n["weight"] for n in rec["nodes"]) == pytest.approx(1)
+    pb(np.array([z + 0.2 * h]), None)   # the same cell: nothing new runs
+    assert len(seen) == 4 and pb.records[1]["new_runs"] == 0 and pb.runs == 4
     pb(np.array([math.log(2e9)]), None)                                     # the range ends at 4 × 315 MPa
-    np.testing.assert_allclose(seen[2][0], math.log(1260e6) + 0.1)
-    assert pb.records[1]["clipped"] and pb.records[1]["params"]["youngs_modulus"] == pytest.approx(1260e6)
+    assert pb.records[2]["clipped"] and pb.records[2]["params"]["youngs_modulus"] == pytest.approx(1260e6)
+    assert max(s_[0] for s_ in seen) == pytest.approx(d[0] + (math.floor((math.log(1260e6) - d[0]) / h) + 2) * h)
+    nd = pb.run(np.array([z]))                                              # the fitted value's own run, off the lattice
+    assert nd.z[0] == pytest.approx(z) and pb.runs == len(seen)
 
 
 def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     """``fitting.app.fit_bag_rest`` on nodes whose rest shape is linear in log E (a fake
     node task writing a one-triangle trajectory): synthetic targets at 315 MPa are
     recovered from 2× off, and fit.json holds the iterates, the Jacobian, the interval for
-    the measurement noise, the identifiability and what the model's own scatter allows; the
-    run folder holds fit.png and the best evaluation's final meshes."""
+    the measurement noise, the identifiability, what the model's own scatter allows and
+    the fitted value's own run; the run folder holds fit.png and that run's final mesh."""
     import json
 
     from fitting import app
@@ -302,9 +385,11 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     from scenes.bag import SPHERE_RADII
 
     z0, slope = math.log(315e6), np.array([0.015, 0.012, -0.002])
+    seen = []
 
     def fake(task):
         start, z, out, until, audit_every = task
+        seen.append(z[0])
         os.makedirs(out, exist_ok=True)
         write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
             np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
@@ -313,18 +398,27 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
 
     monkeypatch.setattr(br, "_node_task", fake)
     out = tmp_path / "fit"
-    rec = app.fit_bag_rest(str(out), None, app.BagFitOptions(iterations=6, workers=1, progress=False))
+    rec = app.fit_bag_rest(str(out), None, app.BagFitOptions(iterations=6, start_factor=2.0, workers=1, progress=False))
     assert rec["converged"] and not rec["outside_reach"] and not rec["failed"]
     assert rec["fitted"]["youngs_modulus"] == pytest.approx(315e6, rel=1e-4)   # the fit stops at loss_tol
     assert json.loads((out / "fit.json").read_text())["fitted"] == rec["fitted"]
     np.testing.assert_allclose(rec["jacobian_mm_per_log"]["J"], slope[:, None] * 1e3, rtol=1e-9)
-    sz = 1.0 / math.sqrt(2 * np.sum((slope * 1e3 / np.asarray(br.MODEL_SCATTER_MM)) ** 2))
+    best = min(rec["iterates"], key=lambda r: np.sum((np.asarray(r["y"]) - list(rec["target_m"].values())) ** 2))
+    k = best["effective_runs"]
+    assert 2.0 <= k <= 2.2
+    sz = 1.0 / math.sqrt(k * np.sum((slope * 1e3 / np.asarray(br.MODEL_SCATTER_MM)) ** 2))
     ms = rec["model_scatter"]
-    assert ms["runs_per_evaluation"] == 2 and ms["scatter_mm"] == list(br.MODEL_SCATTER_MM)
+    assert ms["effective_runs"] == k and ms["scatter_mm"] == list(br.MODEL_SCATTER_MM)
     assert ms["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(sz, rel=1e-9)
     assert ms["runs_per_node_for"]["youngs_modulus"]["2%"] == math.ceil((sz / math.log(1.02)) ** 2)
     assert rec["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(
         0.5 / np.linalg.norm(slope * 1e3), rel=1e-9)
     assert set(rec["identifiability"]) == {"smoothed", "rest_state"}
     assert rec["iterates"][0]["params"]["youngs_modulus"] == pytest.approx(630e6)
-    assert (out / "fit.png").exists() and len(list((out / "mesh").glob("node_*.vtu"))) == 2
+    # every run once: the lattice points the iterates needed, and the fitted value's own run last
+    assert rec["runs"] == len(seen) == len(set(np.round(seen, 12)))
+    assert seen[-1] == pytest.approx(math.log(rec["fitted"]["youngs_modulus"]))
+    fr = rec["fitted_run"]
+    assert fr["params"] == rec["fitted"] and fr["loss_mm2"] < 1e-3
+    np.testing.assert_allclose(fr["y_mm"], rec["best"]["y_mm"], atol=1e-3)   # a line: the run is the smoothing
+    assert (out / "fit.png").exists() and len(list((out / "mesh").glob("fitted_*.vtu"))) == 1

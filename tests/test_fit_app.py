@@ -103,7 +103,7 @@ def test_shape_fit_options_are_checked_before_any_compilation(tmp_path):
 def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint(tmp_path, monkeypatch):
     """``ipcjax fit --scene bag``: E, the specification's targets, the tie checkpoint; the
     exit status is 1 when no value was fitted (outside the model's reach or failed)."""
-    from fitting.bag_rest import DEFAULT_SIGMA, SPEC_TARGETS
+    from fitting.bag_rest import DEFAULT_STEP, SPEC_TARGETS
 
     seen = {}
 
@@ -114,16 +114,16 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
     monkeypatch.setattr(app, "fit_bag_rest", fake)
     assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 1
     assert seen["targets"] == SPEC_TARGETS and seen["options"].names == ("youngs_modulus",)
-    assert seen["options"].start is None and seen["options"].sigma == DEFAULT_SIGMA
-    assert seen["options"].iterations == 10 and seen["options"].noise_mm == 0.5
-    assert seen["options"].model_scatter_mm is None
+    assert seen["options"].start is None and seen["options"].step == DEFAULT_STEP
+    assert seen["options"].iterations == 30 and seen["options"].noise_mm == 0.5
+    assert seen["options"].model_scatter_mm is None and seen["options"].start_factor == 1.0   # the nominal film
     main(["fit", "--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--quiet",
           "--model-scatter", "1.5,2.5,0.5"])
     assert seen["targets"] is None and seen["options"].names == ("youngs_modulus", "friction")
     assert seen["options"].model_scatter_mm == (1.5, 2.5, 0.5)
 
 
-@pytest.mark.parametrize("argv", [["--scene", "pouch", "--sigma", "0.1"], ["--synthetic"],
+@pytest.mark.parametrize("argv", [["--scene", "pouch", "--lattice-step", "0.1"], ["--synthetic"],
                                   ["--scene", "bag", "--window", "2", "--state", "s.npz", "--model-scatter", "1,2,3"],
                                   ["--pair", "youngs_modulus,friction"], ["--workers", "2"]])
 def test_rest_fit_flags_are_refused_where_they_would_be_ignored(tmp_path, capsys, no_fit, argv):
@@ -149,11 +149,11 @@ def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, 
 @pytest.mark.parametrize("options, message", [
     (dict(names=("thickness",)), "fits one of youngs_modulus, friction, bending_scale or a pair"),
     (dict(names=("youngs_modulus", "friction", "bending_scale")), "or a pair of them"),
-    (dict(sigma=0.0), "sigma must be > 0"),
+    (dict(step=0.0), "step must be > 0"),
     (dict(noise_mm=-1.0), "noise_mm must be > 0"),
     (dict(start_value=1e8, names=("youngs_modulus", "friction")), "for a single parameter"),
     (dict(iterations=0), "iterations must be a positive integer"),
-    (dict(estimator="adjoint"), "estimator must be one of stein, rest"),
+    (dict(estimator="adjoint"), "estimator must be one of spline, rest"),
     (dict(model_scatter_mm=(1.7, 0.0, 1.0)), "model_scatter_mm must be three values > 0"),
     (dict(model_scatter_mm=(1.7, 3.3)), "model_scatter_mm must be three values > 0"),
 ])
