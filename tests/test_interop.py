@@ -158,7 +158,7 @@ def test_params_from_newton_inverts_the_material_mapping():
 # --------------------------------------------------------------------------- with newton
 
 def _newton():
-    newton = pytest.importorskip("newton")
+    import newton  # the test extra installs it (pyproject.toml)
     import warp as wp
 
     wp.config.quiet = True
