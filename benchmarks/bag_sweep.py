@@ -138,7 +138,10 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
     h = w_ * STEP
     sm = {k: v for k in range(-span, span + 1) if (v := smoothed(k)) is not None}
     ks = sorted(sm)
-    t = (sm[0][0] if 0 in sm else smoothed(0)[0]) if target is None else np.asarray(target) * 1e3
+    if target is None and smoothed(0) is None:
+        raise ValueError(f"{folder}: the default target is the smoothed bag at the film default, and not all "
+                         f"four lattice nodes around it have run for {param}; run them or give a target")
+    t = smoothed(0)[0] if target is None else np.asarray(target) * 1e3
     loss = {k: float(np.sum((sm[k][0] - t) ** 2)) for k in ks}
     spline = {k: float(2 * (sm[k][0] - t) @ sm[k][1]) for k in ks}
     rest = {k: float(2 * (sm[k][0] - t) @ sm[k][2]) for k in ks}
@@ -205,7 +208,8 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--start", default="tests/data/bag_full_tie.npz")
     ap.add_argument("--out", default="runs/sweep")
-    ap.add_argument("--report", action="store_true", help="print the table of OUT/sweep.jsonl and write OUT/sweep.png")
+    ap.add_argument("--report", action="store_true", help="print the table of OUT/sweep.jsonl and write "
+                    "OUT/sweep_wW[_spec].json and .png (W = --width)")
     ap.add_argument("--spec-targets", action="store_true", help="report: the loss against the specification's bag")
     ap.add_argument("--width", type=int, default=2, help="the lattice step in grid steps of ln 2 / 7 (default 2, "
                     "the fit's); the sweep runs the lattice nodes of k = −half … half")

@@ -370,9 +370,9 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     record["iterates"] = recs
     t_mm = None if targets is None else np.asarray(targets) * 1e3
     loss = lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t_mm) ** 2))
+    best = min(recs, key=loss) if recs else None
     try:
-        if recs and not failed:
-            best = min(recs, key=loss)
+        if best is not None and not failed:
             nd = problem.run(np.asarray(best["z"]))   # the fitted value's own run
             fitted_run = dict(params=best["params"], y_mm=(nd.y * 1e3).tolist(), run_dir=nd.run_dir,
                               loss_mm2=float(np.sum((nd.y * 1e3 - t_mm) ** 2)), wall_s=nd.wall_s)
@@ -383,8 +383,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         failed = f"the fitted value's own run: {e}"
     finally:
         problem.close()
-    if recs:
-        best = min(recs, key=loss)
+    if best is not None:
         J = np.asarray(best["J"]) * 1e3
         w = np.asarray([nd["weight"] for nd in best["nodes"]])
         J_rest = np.tensordot(w, np.asarray([nd["J_rest"] for nd in best["nodes"]]), axes=1) * 1e3

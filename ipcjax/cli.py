@@ -96,7 +96,7 @@ def _fit(argv):
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
                      ("--lattice-step", dict(type=float, help="bag: smoothing lattice step in log-parameters (2 ln 2 / 7)")),
                      ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
-                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.62,3.56,1.10)")),
+                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.62,3.56,1.10, the E sweep's)")),
                      ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
         ap.add_argument(flag, **kw)
     ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
