@@ -30,7 +30,8 @@ def _positive(flag: str, value: float | None) -> None:
 def _drape(argv):
     ap = argparse.ArgumentParser(prog="ipcjax drape", description=(
         "Drape a 30 µm film over a fixed sphere with friction and audit every frame for "
-        "self-intersection. Writes trajectory.npz and summary.json to --out."))
+        "self-intersection. Writes trajectory.npz, summary.json, snapshots/ (first and last frames, PNG) and "
+        "meshes/ (.vtu with frame.pvd for ParaView, .obj for Blender) to --out, and prints where."))
     ap.add_argument("--resolution", type=int, default=10, help="film vertices per side (default 10)")
     ap.add_argument("--steps", type=int, default=60, help="timesteps of 1/240 s (default 60)")
     ap.add_argument("--size", type=float, default=0.08, help="film side length in m (default 0.08)")
@@ -38,16 +39,18 @@ def _drape(argv):
     ap.add_argument("--membrane", choices=["neo_hookean", "stvk"], default="neo_hookean")
     ap.add_argument("--bending", choices=["hinge", "discrete_shell"], default="hinge")
     ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="dense", help="Newton linear solve")
+    ap.add_argument("--mesh-every", type=int, default=1, help="every n-th frame as .vtu/.obj in meshes/ (0: none)")
     ap.add_argument("--out", default="runs/drape", help="output folder (default runs/drape)")
     args = ap.parse_args(argv)
     _check(args.steps >= 1, f"--steps must be ≥ 1; got {args.steps}")
+    _check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
     _check(args.resolution >= 2, f"--resolution must be ≥ 2 vertices per side; got {args.resolution}")
     _positive("--size", args.size)
     _positive("--radius", args.radius)
     runfolder.prepare(args.out)
-    from scenes.drape_run import DrapeRunOptions, run_drape
+    from scenes.drape_run import DrapeRunOptions, run_drape, where
     summary, ok = run_drape(DrapeRunOptions(**vars(args)))
-    print(runfolder.dumps(summary))
+    print(runfolder.dumps(summary) + "\n" + where(args.out, summary["outputs"]))
     return 0 if ok else 1
 
 

@@ -2,7 +2,9 @@
 
 A 30 µm film dropped over a fixed sphere (:func:`scenes.film.drape_scene`) with friction,
 stepped with :func:`ipcjax.step.advance`, every frame audited for self-intersection; the
-trajectory and summary go to the run folder through :mod:`ipcjax.runfolder`.
+trajectory and summary go to the run folder through :mod:`ipcjax.runfolder`, and the
+snapshots of the first and last frames and the mesh sequence through the bag's own
+output code (:mod:`scenes.outputs`).
 """
 from __future__ import annotations
 
@@ -31,14 +33,20 @@ class DrapeRunOptions:
     membrane: str = "neo_hookean"   # membrane model name (ipcjax.model.Config)
     bending: str = "hinge"          # bending model name
     linear_solver: str = "dense"    # Newton linear solve
+    mesh_every: int = 1             # write every n-th frame as .vtu/.obj in meshes/ (0: none)
     progress: bool = True           # progress bar and notes on stderr
 
 
 def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
-    """Drape the film and write ``trajectory.npz`` and ``summary.json`` to ``options.out``.
+    """Drape the film and write its run folder ``options.out``: ``trajectory.npz``,
+    ``summary.json``, ``snapshots/`` (PNGs of the first and last frames) and ``meshes/``
+    (``frame_*.vtu`` with a ParaView ``frame.pvd``, and ``frame_*.obj``), the last two
+    with :mod:`scenes.outputs`, as ``ipcjax bag`` writes its own.
 
     Returns (summary, ok): ok is True when every step succeeded and no frame
-    self-intersects. The run folder must have been checked (:func:`runfolder.prepare`).
+    self-intersects; ``summary["outputs"]`` lists what was written (paths relative to
+    ``options.out``). The run folder must have been checked (:func:`runfolder.prepare`).
+    A failed step stops the run, and what ran up to it is still written.
     """
     from ipcjax import step as ipc_step
     from ipcjax.audit import audit_trajectory
@@ -74,8 +82,8 @@ def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
     wall = time.perf_counter() - t0
     frames = np.stack(frames)
     audit = audit_trajectory(frames, sc.film_triangles, [sc.sphere], [options.radius])
-    runfolder.write_trajectory(os.path.join(options.out, "trajectory.npz"), runfolder.Trajectory(
-        frames[:, :sc.n_film], None, sc.film_triangles, np.asarray(times)))
+    film = runfolder.Trajectory(frames[:, :sc.n_film], None, sc.film_triangles, np.asarray(times))
+    runfolder.write_trajectory(os.path.join(options.out, "trajectory.npz"), film)
     summary = dict(
         steps=len(reports), simulated_s=times[-1], wall_s=wall,
         newton_iterations=int(sum(r.iterations for r in reports)),
@@ -83,7 +91,37 @@ def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
         frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
         min_film_sphere_gap_m=float(np.min(audit["min_film_sphere"])),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
+        outputs=drape_outputs(options, film._replace(spheres=frames[:, [sc.sphere]])),
     )
     runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
     ok = len(reports) == options.steps and audit["frames_with_self_intersection"] == 0
     return summary, ok
+
+
+def drape_outputs(options: DrapeRunOptions, traj: runfolder.Trajectory) -> dict:
+    """Snapshots of the first and last frames and the mesh sequence of a drape run, with the
+    bag's :func:`scenes.outputs.phase_snapshots` and :func:`scenes.outputs.export_meshes`
+    (``traj.spheres``: the fixed sphere's centre, (T, 1, 3)). Returns what was written,
+    with paths relative to ``options.out``."""
+    from scenes.outputs import export_meshes, phase_snapshots
+
+    out = dict(trajectory="trajectory.npz", summary="summary.json")
+    snaps = phase_snapshots(os.path.join(options.out, "snapshots"), traj, [options.radius], ())
+    out["snapshots"] = [os.path.relpath(p, options.out) for p in snaps]
+    if options.mesh_every:
+        paths = export_meshes(os.path.join(options.out, "meshes"), traj, [options.radius], every=options.mesh_every)
+        out["meshes"] = dict(folder="meshes", files=len(paths), every_frame=options.mesh_every,
+                             paraview="meshes/frame.pvd", blender="meshes/frame_*.obj")
+    return out
+
+
+def where(out: str, outputs: dict) -> str:
+    """One line per kind of output of :func:`drape_outputs`, each with its path under ``out``."""
+    lines = [f"trajectory: {os.path.join(out, outputs['trajectory'])}",
+             f"summary:    {os.path.join(out, outputs['summary'])}",
+             "snapshots:  " + ", ".join(os.path.join(out, p) for p in outputs["snapshots"])]
+    if "meshes" in outputs:
+        m = outputs["meshes"]
+        lines += [f"meshes:     {os.path.join(out, m['paraview'])} (ParaView), "
+                  f"{os.path.join(out, m['blender'])} (Blender); {m['files']} files"]
+    return "\n".join(lines)

@@ -7,7 +7,11 @@ import pytest
 from ipcjax.cli import main
 
 
-def test_drape_job_writes_trajectory_and_summary(tmp_path):
+def test_drape_job_writes_trajectory_summary_snapshots_and_meshes(tmp_path, capsys):
+    """`ipcjax drape` (tiny): trajectory and summary, PNGs of the first and last frames, and
+    the mesh sequence (.vtu + frame.pvd, .obj) through scenes.outputs, and it says where."""
+    import meshio
+
     out = tmp_path / "drape"
     rc = main(["drape", "--resolution", "4", "--steps", "3", "--out", str(out)])
     assert rc == 0
@@ -15,6 +19,27 @@ def test_drape_job_writes_trajectory_and_summary(tmp_path):
     assert summary["steps"] == 3 and summary["frames_with_self_intersection"] == 0
     traj = np.load(out / "trajectory.npz")
     assert traj["film"].shape == (4, 16, 3) and traj["faces"].shape == (18, 3)
+    snaps = sorted(p.name for p in (out / "snapshots").iterdir())
+    assert snaps == ["snapshot_00000.png", "snapshot_00003.png"]
+    for name in snaps:
+        assert (out / "snapshots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    meshes = sorted(p.name for p in (out / "meshes").iterdir())
+    assert meshes == sorted([f"frame_{i:05d}.{e}" for i in range(4) for e in ("vtu", "obj")] + ["frame.pvd"])
+    m = meshio.read(out / "meshes" / "frame_00003.vtu")
+    np.testing.assert_allclose(m.points[:16], traj["film"][3], atol=1e-12)
+    assert set(np.unique(m.point_data["body"])) == {0, 1}  # the film and the sphere
+    assert (out / "meshes" / "frame.pvd").read_text().count("<DataSet") == 4
+    assert summary["outputs"]["snapshots"] == ["snapshots/snapshot_00000.png", "snapshots/snapshot_00003.png"]
+    assert summary["outputs"]["meshes"]["files"] == 9
+    printed = capsys.readouterr().out
+    for path in ("trajectory.npz", "summary.json", "snapshots/snapshot_00003.png", "meshes/frame.pvd"):
+        assert str(out / path) in printed, path
+
+
+def test_drape_mesh_every_zero_writes_no_meshes(tmp_path):
+    out = tmp_path / "drape"
+    assert main(["drape", "--resolution", "4", "--steps", "2", "--mesh-every", "0", "--out", str(out)]) == 0
+    assert not (out / "meshes").exists() and len(list((out / "snapshots").iterdir())) == 2
 
 
 def test_bag_job_records_its_solver_and_first_step(tmp_path):

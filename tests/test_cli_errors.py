@@ -51,6 +51,7 @@ def refused(capsys, argv, *expect):
     (["--steps", "0"], "--steps must be ≥ 1; got 0"),
     (["--steps", "-3"], "--steps must be ≥ 1"),
     (["--resolution", "1"], "--resolution must be ≥ 2"),
+    (["--mesh-every", "-1"], "--mesh-every must be ≥ 0; got -1"),
     (["--size", "0"], "--size must be a finite number > 0"),
     (["--size", "nan"], "--size must be a finite number > 0; got nan"),
     (["--radius", "-0.02"], "--radius must be a finite number > 0"),
