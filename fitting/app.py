@@ -87,15 +87,64 @@ class FlagError(ValueError):
     """Target flags given in a combination that means nothing (a usage error)."""
 
 
-def targets_from(path: str | None, values) -> np.ndarray | None:
-    """The measured targets of ``ipcjax fit``: from the JSON file ``path`` (``--targets``),
-    or from ``values`` (``--neck-x``, ``--neck-y``, ``--flap``, m; None where not given),
-    or None (synthetic targets) when neither is given.
+TARGET_FLAGS = (("--neck-x", "neck width along x"), ("--neck-y", "neck width along y"), ("--flap", "flap height"))
+PLAUSIBLE_M = (1e-4, 1.0)  # m: a neck width or flap height outside 0.1 mm … 1 m is almost surely in the other unit
+
+
+def parse_length(value, flag: str, what: str, unit: str = "m") -> float:
+    """One measurement flag's value in m.
+
+    ``value`` is a number in ``unit`` ("m" for ``--neck-x``, "mm" for ``--neck-x-mm``) or a
+    string: a number, taken in ``unit``, or a number with its unit (``38.83mm``,
+    ``0.03883m``), which wins over the flag's. Non-finite values pass (the target check
+    refuses them); None (not given) stays None.
 
     Raises:
-        FlagError: both sources, only some of the three values, or values out of range.
+        FlagError: not a number, or a magnitude outside 0.1 mm … 1 m: the message says which
+            unit the value was almost surely meant in (a neck of 38.83 m is 38.83 mm).
+    """
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    for suffix in ("mm", "m"):
+        if text.endswith(suffix):
+            text, unit = text[:-len(suffix)].strip(), suffix
+            break
+    try:
+        number = float(text)
+    except ValueError:
+        raise FlagError(f"{flag} {value!r}: not a length; give a number in {unit}, or a number with its unit "
+                        f"(38.83mm, 0.03883m)") from None
+    metres = number * (1e-3 if unit == "mm" else 1.0)
+    lo, hi = PLAUSIBLE_M
+    if not np.isfinite(metres) or metres == 0 or lo <= abs(metres) < hi:
+        return metres
+    base = flag[:-3] if flag.endswith("-mm") else flag
+    message = f"{flag} {value}: a {what} of {number:g} {unit} is implausible (expected 0.1 mm to 1 m)"
+    if unit == "m" and lo <= abs(number) * 1e-3 < hi:
+        message += f"; it is almost surely in mm: write {base}-mm {number:g} or {base} {number:g}mm"
+    elif unit == "mm" and lo <= abs(number) < hi:
+        message += f"; it is almost surely in m: write {base} {number:g} or {base}-mm {number * 1e3:g}"
+    raise FlagError(message)
+
+
+def targets_from(path: str | None, values, values_mm=(None, None, None)) -> np.ndarray | None:
+    """The measured targets of ``ipcjax fit``, in m: from the JSON file ``path``
+    (``--targets``), or from ``values`` (``--neck-x``, ``--neck-y``, ``--flap``: m, or with a
+    unit, ``38.83mm``) and ``values_mm`` (``--neck-x-mm``, ``--neck-y-mm``, ``--flap-mm``:
+    mm), None where not given (:func:`parse_length`), or None (synthetic targets) when
+    none is given.
+
+    Raises:
+        FlagError: both sources, a measurement in both units, only some of the three,
+            values out of range or implausible for their unit.
         ValueError, OSError: from :func:`load_targets`.
     """
+    for (flag, _), v, v_mm in zip(TARGET_FLAGS, values, values_mm):
+        if v is not None and v_mm is not None:
+            raise FlagError(f"give {flag} (m) or {flag}-mm (mm), not both")
+    values = [parse_length(v, flag, what) if v_mm is None else parse_length(v_mm, f"{flag}-mm", what, "mm")
+              for (flag, what), v, v_mm in zip(TARGET_FLAGS, values, values_mm)]
     given = [v is not None for v in values]
     if path is not None:
         if any(given):
@@ -104,7 +153,7 @@ def targets_from(path: str | None, values) -> np.ndarray | None:
     if not any(given):
         return None
     if not all(given):
-        raise FlagError("give all three of --neck-x, --neck-y and --flap")
+        raise FlagError("give all three of --neck-x, --neck-y and --flap (in m, or their -mm forms in mm)")
     try:
         return check_targets(tuple(values), "--neck-x, --neck-y, --flap")
     except ValueError as e:
@@ -440,7 +489,8 @@ def bag_rest_command(args, error) -> int:
         error("give --param or --pair, not both")
     names = tuple(args.pair.split(",")) if args.pair else (args.param or "youngs_modulus",)
     try:
-        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap))
+        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap),
+                               (args.neck_x_mm, args.neck_y_mm, args.flap_mm))
     except FlagError as e:
         error(str(e))
     if args.synthetic and targets is not None:
@@ -480,7 +530,8 @@ def shape_fit_command(args, error) -> int:
                               iterations=30 if args.iterations is None else args.iterations, progress=not args.quiet)
     options.groups()
     try:
-        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap))
+        targets = targets_from(args.targets, (args.neck_x, args.neck_y, args.flap),
+                               (args.neck_x_mm, args.neck_y_mm, args.flap_mm))
         if args.scene == "bag":
             check_window_flags(args.state, args.window)
     except FlagError as e:

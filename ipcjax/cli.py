@@ -83,6 +83,8 @@ def _bag(argv):
 
 
 def _fit(argv):
+    from fitting import app
+
     ap = argparse.ArgumentParser(prog="ipcjax fit", description=(
         "Fit material parameters to measured shapes with optax and implicit gradients. Default scene (pouch): a "
         "30 µm film pouch around a sphere on a floor, pinched, tied and released; the measurements are its neck "
@@ -108,8 +110,9 @@ def _fit(argv):
     ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
     ap.add_argument("--start-factor", type=float, help="start at this × the film default (bag 1; pouch, --window 2)")
     ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
-    for flag, what in (("--neck-x", "neck width along x"), ("--neck-y", "neck width along y"), ("--flap", "flap height")):
-        ap.add_argument(flag, type=float, default=None, help=f"pouch, bag: measured {what}, m")
+    for flag, what in app.TARGET_FLAGS:  # values parsed, in either unit, by app.targets_from
+        ap.add_argument(flag, help=f"pouch, bag: measured {what}, m, or with its unit (38.83mm)")
+        ap.add_argument(flag + "-mm", help=f"pouch, bag: measured {what}, mm")
     for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
                      ("--steps", dict(type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)"))):
         ap.add_argument(flag, **kw)
@@ -120,8 +123,6 @@ def _fit(argv):
     args = ap.parse_args(argv)
 
     # every input is checked before the job compiles anything; a ValueError or OSError is one line from main()
-    from fitting import app
-
     if args.scene == "cantilever":
         if args.param == "friction":
             ap.error("the cantilever has no contact: friction cannot be fitted there")

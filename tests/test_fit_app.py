@@ -178,3 +178,62 @@ def test_default_fit_compiles_once_and_recovers_each_parameter(tmp_path):
         (err,) = f["relative_error"].values()
         assert err < 0.01, f
     assert json.loads((out / "summary.json").read_text())["compiles"] == 1
+
+
+# --------------------------------------------------------------------------- targets in mm
+
+
+@pytest.mark.parametrize("values, values_mm", [
+    (("0.03883", "0.03720", "0.01843"), (None, None, None)),       # metres, as before
+    ((0.03883, 0.03720, 0.01843), (None, None, None)),              # numbers from Python
+    ((None, None, None), ("38.83", "37.20", "18.43")),              # --neck-x-mm …
+    (("38.83mm", "37.20 mm", "0.01843m"), (None, None, None)),      # units stated in the value
+    (("38.83mm", None, "0.01843"), (None, "37.2", None)),           # mixed
+])
+def test_targets_in_metres_or_millimetres_give_the_same_metres(values, values_mm):
+    np.testing.assert_allclose(app.targets_from(None, values, values_mm), [0.03883, 0.03720, 0.01843], rtol=1e-12)
+
+
+@pytest.mark.parametrize("values, values_mm, message", [
+    (("38.83", "37.20", "18.43"), (None,) * 3,
+     "--neck-x 38.83: a neck width along x of 38.83 m is implausible (expected 0.1 mm to 1 m); it is almost "
+     "surely in mm: write --neck-x-mm 38.83 or --neck-x 38.83mm"),
+    (("0.03883", "0.0372", "18.43"), (None,) * 3, "--flap 18.43: a flap height of 18.43 m is implausible"),
+    ((None,) * 3, ("0.03883", "37.2", "18.43"),
+     "--neck-x-mm 0.03883: a neck width along x of 0.03883 mm is implausible (expected 0.1 mm to 1 m); it is "
+     "almost surely in m: write --neck-x 0.03883 or --neck-x-mm 38.83"),
+    (("38830mm", "0.0372", "0.018"), (None,) * 3, "38830 mm is implausible (expected 0.1 mm to 1 m)"),
+    (("0.03883", "wide", "0.018"), (None,) * 3, "--neck-y 'wide': not a length"),
+    (("0.03883", "0.0372", "0.018"), ("38.83", None, None), "give --neck-x (m) or --neck-x-mm (mm), not both"),
+    ((None, None, None), ("38.83", "37.2", None), "give all three of --neck-x, --neck-y and --flap"),
+])
+def test_implausible_or_ambiguous_targets_are_refused_with_a_hint(values, values_mm, message):
+    with pytest.raises(app.FlagError) as e:
+        app.targets_from(None, values, values_mm)
+    assert message in str(e.value)
+
+
+def test_cli_fit_takes_millimetres_and_refuses_metres_that_are_millimetres(tmp_path, capsys, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(app, "fit_pouch", lambda out, targets, options: seen.update(targets=targets) or
+                        dict(fits=[]))
+    assert main(["fit", "--quiet", "--out", str(tmp_path / "o"),
+                 "--neck-x-mm", "31.8", "--neck-y", "15.9mm", "--flap-mm", "7.6"]) == 0
+    np.testing.assert_allclose(seen["targets"], [0.0318, 0.0159, 0.0076], rtol=1e-12)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"),
+              "--neck-x", "38.83", "--neck-y", "37.20", "--flap", "18.43"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "almost surely in mm: write --neck-x-mm 38.83 or --neck-x 38.83mm" in err
+
+
+def test_bag_fit_takes_the_specification_in_millimetres(tmp_path, monkeypatch):
+    from fitting.bag_rest import SPEC_TARGETS
+
+    seen = {}
+    monkeypatch.setattr(app, "fit_bag_rest", lambda out, targets, options: seen.update(targets=targets) or
+                        dict(fitted=None, failed="not run", outside_reach=None))
+    main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"),
+          "--neck-x-mm", "38.83", "--neck-y-mm", "37.20", "--flap-mm", "18.43"])
+    np.testing.assert_allclose(seen["targets"], SPEC_TARGETS, rtol=1e-12)
