@@ -189,11 +189,9 @@ def _verlet(argv):
     args = ap.parse_args(argv)
     if args.steps < 1 or args.save_every < 1 or args.n_grid < 2 or args.iterations < 0:
         ap.error("need --steps >= 1, --save-every >= 1, --n-grid >= 2 and --iterations >= 0")
-    cloth, state = V.cloth_grid(args.n_grid, args.size, iterations=args.iterations, seed=args.seed,
-                                noise=args.noise)
+    cloth, state = V.cloth_grid(args.n_grid, args.size, iterations=args.iterations, seed=args.seed, noise=args.noise)
     params = V.VerletParams(**{k: getattr(args, k) for k in V.VerletParams._fields})
-    return V.run_cloth(args.out, cloth, state, params, steps=args.steps, save_every=args.save_every,
-                       fmt=args.format)
+    return V.run_cloth(args.out, cloth, state, params, steps=args.steps, save_every=args.save_every, fmt=args.format)
 
 
 def _one_line(e: BaseException) -> str:
@@ -202,8 +200,20 @@ def _one_line(e: BaseException) -> str:
     return " ".join((f"{e.filename}: {e.strerror}" if system else str(e) or type(e).__name__).split())
 
 
+JOBS = {  # job: (its function, what it does, an example), as `ipcjax --help` lists them
+    "drape": (_drape, "drape a 30 µm film over a sphere; trajectory, snapshots, meshes", "ipcjax drape --steps 120"),
+    "bag": (_bag, "the bag experiment: fill, carry, unfold, cinch, tie, release", "ipcjax bag --resolution coarse"),
+    "fit": (_fit, "fit E, μf, kθ to a measured neck width and flap height (a pouch; --scene bag: the bag)",
+            "ipcjax fit --scene bag --neck-x-mm 38.83 --neck-y-mm 37.20 --flap-mm 18.43"),
+    "compare": (_compare, "the bag on IPC and Newton VBD side by side", "ipcjax compare --run --until 0.5"),
+    "verlet": (_verlet, "the Verlet mass-spring cloth baseline, as a mesh sequence", "ipcjax verlet --steps 100"),
+}
+USAGE = "usage: ipcjax JOB [options]   (ipcjax JOB --help: that job's options)\n\njobs:\n" + "\n".join(
+    f"  {job:<8} {what}\n  {'':<8}   e.g. {example}" for job, (_, what, example) in JOBS.items())
+
+
 def main(argv=None) -> int:
-    """Run ``ipcjax JOB [options]`` and return its exit status.
+    """Run ``ipcjax JOB [options]`` and return its exit status (``ipcjax --help`` lists the jobs).
 
     Each job checks its flags, input files and output folder before it simulates or
     compiles anything. A mistake in the inputs (a ValueError, TypeError or OSError: a flag
@@ -213,13 +223,14 @@ def main(argv=None) -> int:
     with status 1. Set ``IPCJAX_TRACEBACK=1`` to get the traceback instead.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    jobs = {"drape": _drape, "bag": _bag, "fit": _fit, "compare": _compare, "verlet": _verlet}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in jobs:
-        print("usage: ipcjax {" + ",".join(jobs) + "} [options]   (ipcjax JOB --help for options)")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] not in JOBS:  # --help: the jobs on stdout; no job or an unknown one: an error
+        asked = argv[0] in ("-h", "--help") if argv else False
+        error = "" if asked or not argv else f"ipcjax: error: no job {argv[0]!r}; choose one of {', '.join(JOBS)}\n\n"
+        print(error + USAGE, file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     job = argv[0]
     try:
-        return int(jobs[job](argv[1:]) or 0)
+        return int(JOBS[job][0](argv[1:]) or 0)
     except (ValueError, TypeError, OSError) as e:
         if os.environ.get("IPCJAX_TRACEBACK"):
             raise

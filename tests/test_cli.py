@@ -75,9 +75,34 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
         assert str(st["protocol"]) == "short"
 
 
-def test_unknown_job_prints_usage(capsys):
+def test_help_lists_every_job_with_one_line_and_an_example(capsys):
+    """`ipcjax --help`: each job, what it does and an example whose flags the job takes."""
+    from ipcjax.cli import JOBS
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ipcjax JOB [options]")
+    lines = out.splitlines()
+    assert set(JOBS) == {"drape", "bag", "fit", "compare", "verlet"}
+    for job, (_, what, example) in JOBS.items():
+        i = next(k for k, ln in enumerate(lines) if ln.split()[:1] == [job])
+        assert lines[i].split(None, 1)[1] == what and lines[i + 1].strip() == f"e.g. {example}"
+        assert example.startswith(f"ipcjax {job}")
+        with pytest.raises(SystemExit) as e:
+            main([job, "--help"])
+        assert e.value.code == 0
+        options = capsys.readouterr().out
+        for flag in (w for w in example.split() if w.startswith("--")):
+            assert flag in options, (job, flag)
+
+
+def test_no_job_or_an_unknown_one_is_an_error_with_the_usage(capsys):
     assert main(["nonsense"]) == 2
-    assert "usage: ipcjax" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert err.startswith("ipcjax: error: no job 'nonsense'; choose one of drape, bag, fit, compare, verlet")
+    assert "usage: ipcjax" in err and "e.g. ipcjax drape" in err
+    assert main([]) == 2
+    assert capsys.readouterr().err.startswith("usage: ipcjax")
 
 
 def test_compare_job_on_two_run_folders(tmp_path):
