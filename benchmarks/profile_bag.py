@@ -1,0 +1,302 @@
+"""Where one bag step's time goes, by phase: the step, one Newton iteration, the host driver.
+
+    python3 benchmarks/profile_bag.py [--state tie] [--state cinch] [--state NAME=PATH] [--repeat 5] [--json F]
+
+For each saved ``ipcjax bag`` state (default: the tie checkpoint, tests/data/bag_full_tie.npz,
+8.40 s; ``cinch`` is tests/data/bag_full_cinch.npz, 7.40 s; ``NAME=PATH`` any state.npz a
+bag run wrote), in this process:
+
+1. One host-driver step (``advance``, validating, as ``ipcjax bag --resume`` takes its first
+   step) gives the capacity a run has there; the step from the state is then timed with it.
+2. **The step** (the jitted ``step``, best of --repeat) and its pieces, each jitted
+   alone on the same inputs: the candidate query at x₀ (with the overlap check), the step
+   problem (inertial target, lagged friction set), the whole Newton solve, and the FP32
+   rounding with its gap recheck (a second full candidate query at the rounded positions).
+3. **The Newton iterations**, replayed on the host from x₀ with the same functions the
+   jitted loop calls, each phase jitted alone and timed at every iterate the step visits
+   (the replay's iterates equal the jitted solve's: checked, bit for bit): the stencils'
+   closest-point weights, the assembly (∇Φ and the element blocks), the direction (the
+   host sparse LDLᵀ's callback as the loop calls it, and its host work split into the
+   upper triangle, COO→CSC, AMD ordering + symbolic analysis, numeric factorization,
+   solve; the rest of the callback's time is the transfers and the callback's own cost),
+   the skin check and requery (only where an iterate leaves the skin), the step bound and
+   the Armijo line search. Each phase's time is the best of --repeat calls at each
+   iterate, summed over the step's iterations, and given per iteration.
+4. **The host driver** around the step, as ``scenes.bag_run.run_bag`` runs it: the
+   choreography (``observe``, ``controls_at``), ``advance`` over the bare jitted ``step``
+   (parameter checks and the device-to-host reads of the step's figures), the validation
+   of the first step (``validate=True``), the copy of each frame, and a checkpoint
+   (trajectory.npz with every frame so far, rewritten and recompressed, and state.npz).
+
+Prints a table per state, and JSON with every figure (--json writes it to a file too).
+Timings on a shared machine are noisy; compare phases within one run, not across runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import ipcjax  # noqa: F401  (float64)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATES = {"cinch": "tests/data/bag_full_cinch.npz", "tie": "tests/data/bag_full_tie.npz"}
+
+
+def _timed(fn, repeat):
+    """(best seconds, last result) of ``fn()`` over ``repeat`` calls after one warm call.
+
+    The best, not the median: on a machine shared with other work, a phase's own cost is
+    what it takes when nothing else holds the core."""
+    out = jax.block_until_ready(fn())
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        ts.append(time.perf_counter() - t)
+    return float(np.min(ts)), out
+
+
+def host_solve_phases(diag, rows, blocks, rhs, repeat):
+    """The host sparse solve of :func:`ipcjax.ldl.host_solve`, split into its phases (s)."""
+    import qdldl
+    import scipy.sparse as sp
+    from ipcjax.ldl import upper_triangle
+
+    n = diag.shape[0]
+    t_up, (r, c, v) = _timed(lambda: upper_triangle(diag, rows, blocks), repeat)
+    t_csc, U = _timed(lambda: sp.csc_matrix((v.astype(np.float64), (r, c)), shape=(n, n)), repeat)
+    t_full, solver = _timed(lambda: qdldl.Solver(U, upper=True), repeat)
+    t_num, _ = _timed(lambda: solver.update(U, upper=True), repeat)  # same pattern: numeric only
+    t_sol, u = _timed(lambda: solver.solve(rhs), repeat)
+    return dict(upper_triangle=t_up, coo_to_csc=t_csc, ordering_symbolic=max(t_full - t_num, 0.0),
+                numeric_factorization=t_num, triangular_solve=t_sol,
+                host_total=t_up + t_csc + t_full + t_sol), u, int(U.nnz), int(r.shape[0])
+
+
+def profile_state(name, path, repeat):
+    from ipcjax import runfolder
+    from ipcjax.line_search import armijo, step_bound
+    from ipcjax.linear_solvers import linear_solver
+    from ipcjax.model import State
+    from ipcjax.newton import active_size, newton_solve, query_contacts
+    from ipcjax.potential import contact_gaps, gradient_and_blocks, incremental_potential, stencil_geometry
+    from ipcjax.problem import StepInputs
+    from ipcjax.step import (advance, check_geometry, make_state, recheck_rounded, step, step_problem,
+                             validate_state)
+    from scenes.bag import bag_scene
+    from scenes.bag_run import read_bag_state
+
+    t_wall0 = time.perf_counter()
+    rs0 = np.load(path)
+    sc = bag_scene(str(rs0["resolution"]))
+    rs = read_bag_state(path, sc, str(rs0["resolution"]))
+    model, params, config, dt, choreo = sc.model, sc.params, sc.config, sc.dt, sc.choreography
+    st = make_state(rs["x"], rs["v"], float(rs["t"]))
+    k0, t0 = int(rs["step"]), float(rs["t"])
+    choreo.observe(t0, np.asarray(st.x))
+    ctl = choreo.controls_at(k0, t0)
+    t = time.perf_counter()
+    _, rep0 = advance(model, params, st, ctl, dt, config=config, validate=True)
+    first_advance_s = time.perf_counter() - t  # compiles the step
+    cap = rep0.capacity
+    out = dict(state=name, path=path, t=t0, phase=choreo.phase_at(t0), particles=model.n_particles,
+               free_dofs=3 * model.n_free, linear_solver=config.linear_solver,
+               first_advance_s_with_compile=first_advance_s,
+               driver_step=dict(ok=rep0.ok, iterations=rep0.iterations, substeps=rep0.substeps))
+
+    # ---------------------------------------------------------------- the step and its pieces
+    run_step = lambda: step(model, params, st, ctl, dt, config=config, capacity=cap)
+    t_step, (_, info) = _timed(run_step, repeat)
+    assert int(info.code) == 0, f"the step from {path} failed with code {int(info.code)}"
+    x0 = jnp.asarray(st.x, jnp.float64)
+    v0 = jnp.asarray(st.v, jnp.float64)
+    inputs = StepInputs(params, x0, v0, ctl, jnp.asarray(dt, jnp.float64))
+
+    @jax.jit
+    def query0(inputs, model):
+        cs, stats = query_contacts(inputs.x0, inputs.x0, model, config, cap, skin=config.skin)
+        g0, _, _ = contact_gaps(inputs.x0, cs, model.radius, config.min_gap)
+        return cs, stats, jnp.min(g0, initial=jnp.inf)
+
+    @jax.jit
+    def problem0(inputs, model, cs):
+        return step_problem(model, config, inputs, cs, active=active_size(cap))
+
+    t_query0, (cs0, stats0, _) = _timed(lambda: query0(inputs, model), repeat)
+    t_problem, problem = _timed(lambda: problem0(inputs, model, cs0), repeat)
+    solve = jax.jit(lambda x, problem, cs, stats: newton_solve(x, problem, cs, stats, capacity=cap))
+    t_solve, (x_star, cs_star, sinfo) = _timed(lambda: solve(x0, problem, cs0, stats0), repeat)
+    n_it = int(sinfo.iterations)
+    recheck = jax.jit(lambda x, model: recheck_rounded(model, x.astype(jnp.float32), config, cap))
+    t_recheck, _ = _timed(lambda: recheck(x_star, model), repeat)
+    valid = int(jnp.sum(cs0.valid))
+    g0, _, _ = contact_gaps(x0, cs0, model.radius, config.min_gap)
+    inside = int(jnp.sum(g0 < config.dhat))
+    out.update(
+        candidate_rows=int(cs0.idx.shape[0]), candidate_rows_valid=valid, candidate_rows_inside_dhat=inside,
+        active_rows_capacity=active_size(cap), active_rows_used=int(sinfo.stats.n_active),
+        newton_iterations=n_it, line_search_trials=int(sinfo.line_search_trials),
+        step=dict(step=t_step, query_x0=t_query0, step_problem=t_problem, newton_solve=t_solve,
+                  fp32_round_and_recheck=t_recheck,
+                  rest=t_step - (t_query0 + t_problem + t_solve + t_recheck)))
+
+    # ---------------------------------------------------------------- the iterations, replayed
+    solver = linear_solver(config)
+    radius, min_gap, half_skin = model.radius, config.min_gap, 0.5 * config.skin
+    fp, F, active = model.free_particles, model.n_free, active_size(cap)
+    j_geom = jax.jit(lambda x, cs: stencil_geometry(x, cs, radius, min_gap))
+    j_asm = jax.jit(lambda x, problem, cs, geom: gradient_and_blocks(x, problem, cs, geometry=geom, active=active))
+    j_dir = jax.jit(lambda g, hb: solver.direction(g, solver.init(hb))[:2])
+    j_full = jax.jit(lambda dxf, x: jnp.zeros_like(x).at[fp].set(dxf.reshape(F, 3)))
+    j_query = jax.jit(lambda x, dx, model: query_contacts(x, x + dx, model, config, cap, skin=config.skin))
+    j_bound = jax.jit(lambda x, dx, cs, problem, geom: step_bound(x, dx, cs, problem, geometry=geom))
+    j_armijo = jax.jit(lambda x, dx, cs, problem, phi0, slope, a0: armijo(
+        lambda z: incremental_potential(z, problem, cs), x, dx, config, phi0=phi0, slope=slope, alpha0=a0))
+    j_phi = jax.jit(lambda x, problem, cs: incremental_potential(x, problem, cs))
+
+    phases = {k: 0.0 for k in ("weights", "assembly", "direction_callback", "upper_triangle", "coo_to_csc",
+                               "ordering_symbolic", "numeric_factorization", "triangular_solve",
+                               "skin_check_and_requery", "step_bound", "line_search")}
+    x, cs, box, phi = x0, cs0, (x0, x0), j_phi(x0, problem, cs0)
+    requeries, trials, nnz, coo = 0, 0, [], []
+    for it in range(n_it):
+        tw, geom = _timed(lambda: j_geom(x, cs), repeat)
+        ta, (g, hb) = _timed(lambda: j_asm(x, problem, cs, geom), repeat)
+        td, (dxf, ok) = _timed(lambda: j_dir(g, hb), repeat)
+        assert bool(ok), f"replay: the direction failed at iteration {it}"
+        hp, u, nz, nc = host_solve_phases(np.asarray(hb.diag), [np.asarray(r) for r in hb.rows],
+                                          [np.asarray(b) for b in hb.blocks], -np.asarray(g), repeat)
+        assert np.allclose(u, np.asarray(dxf), rtol=0, atol=1e-12 * np.max(np.abs(u))), "host split ≠ callback"
+        nnz.append(nz)
+        coo.append(nc)
+        dx = j_full(dxf, x)
+        step_norm = float(jnp.max(jnp.abs(dxf)))
+        lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
+        inside_box = bool(jnp.all(lo >= box[0] - half_skin) & jnp.all(hi <= box[1] + half_skin))
+        tq = 0.0
+        if not inside_box:
+            tq, (cs, _) = _timed(lambda: j_query(x, dx, model), repeat)
+            tq += _timed(lambda: j_geom(x, cs), repeat)[0]
+            geom = j_geom(x, cs)
+            box = (lo, hi)
+            requeries += 1
+        tb, a0 = _timed(lambda: j_bound(x, dx, cs, problem, geom), repeat)
+        slope = jnp.dot(g, dxf)
+        tl, (a, k, ls_ok, phi_a) = _timed(lambda: j_armijo(x, dx, cs, problem, phi, slope, a0), repeat)
+        assert bool(ls_ok), f"replay: the line search failed at iteration {it}"
+        trials += int(k)
+        for key, val in (("weights", tw), ("assembly", ta), ("direction_callback", td), ("step_bound", tb),
+                         ("line_search", tl), ("skin_check_and_requery", tq)):
+            phases[key] += val
+        for key in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",
+                    "triangular_solve"):
+            phases[key] += hp[key]
+        x, phi = x + a * dx, phi_a
+        if step_norm < float(ctl.tolerance):
+            break
+    same = bool(jnp.array_equal(x, x_star))
+    host = sum(phases[k] for k in ("upper_triangle", "coo_to_csc", "ordering_symbolic",
+                                   "numeric_factorization", "triangular_solve"))
+    phases["transfers_and_callback"] = phases["direction_callback"] - host
+    per_it = {k: v / n_it for k, v in phases.items()}
+    per_it["sum_of_phases"] = sum(per_it[k] for k in ("weights", "assembly", "direction_callback",
+                                                      "skin_check_and_requery", "step_bound", "line_search"))
+    per_it["in_jitted_solve"] = t_solve / n_it
+    out["iteration"] = per_it
+    out["replay"] = dict(iterates_equal_jitted_solve=same, requeries=requeries, line_search_trials=trials,
+                         hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
+                         padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
+
+    # ---------------------------------------------------------------- the host driver
+    t_choreo, _ = _timed(lambda: (choreo.observe(t0, np.asarray(st.x)), choreo.controls_at(k0, t0)), repeat)
+    t_adv, _ = _timed(lambda: advance(model, params, st, ctl, dt, config=config, capacity=cap, validate=False),
+                      repeat)
+    t_val, _ = _timed(lambda: (validate_state(model, st), check_geometry(model, st.x, config, cap)), repeat)
+    t_copy, _ = _timed(lambda: (np.asarray(st.x)[sc.film].copy(), np.asarray(st.x)[sc.spheres].copy()), repeat)
+    n_frames = k0 + 1
+    film = np.repeat(np.asarray(st.x)[sc.film][None], n_frames, axis=0)
+    sph = np.repeat(np.asarray(st.x)[sc.spheres][None], n_frames, axis=0)
+    traj = runfolder.Trajectory(film, sph, sc.faces, np.arange(n_frames) * dt)
+    with tempfile.TemporaryDirectory() as tmp:
+        t_ckpt, _ = _timed(lambda: (runfolder.write_trajectory(os.path.join(tmp, "t.npz"), traj),
+                                    runfolder.write_state(os.path.join(tmp, "s.npz"), st.x, st.v, st.t, step=k0,
+                                                          unfold_checked=True, resolution=sc.resolution,
+                                                          captures=choreo.captures_npz(), protocol="full")),
+                           max(1, repeat // 2))
+    out["driver"] = dict(choreography=t_choreo, advance_over_step=t_adv - t_step, advance=t_adv,
+                         validate_first_step=t_val, frame_copy=t_copy,
+                         checkpoint=t_ckpt, checkpoint_frames=n_frames,
+                         checkpoint_per_step_at_every_120=t_ckpt / 120)
+    out["profile_wall_s"] = time.perf_counter() - t_wall0
+    return out
+
+
+def table(r):
+    """The per-state table, in ms."""
+    ms = lambda s: f"{1e3 * s:8.2f}"
+    st, it, dr = r["step"], r["iteration"], r["driver"]
+    n = r["newton_iterations"]
+    lines = [f"## {r['state']}: t = {r['t']:.2f} s ({r['phase']}), {n} Newton iterations, "
+             f"{r['line_search_trials']} line-search trials, {r['replay']['requeries']} requeries; "
+             f"candidate rows {r['candidate_rows']} ({r['candidate_rows_valid']} valid, "
+             f"{r['candidate_rows_inside_dhat']} inside d̂ at x₀); active rows {r['active_rows_used']} "
+             f"of {r['active_rows_capacity']}",
+             "", "| phase | ms | share |", "|---|---:|---:|"]
+    total = st["step"]
+    for k in ("query_x0", "step_problem", "newton_solve", "fp32_round_and_recheck", "rest"):
+        lines.append(f"| step: {k.replace('_', ' ')} | {ms(st[k])} | {st[k] / total:5.1%} |")
+    lines.append(f"| **step (jitted `step`)** | {ms(total)} | 100% |")
+    lines.append(f"| iteration, in the jitted solve (solve / {n}) | {ms(it['in_jitted_solve'])} | |")
+    for k in ("weights", "assembly", "direction_callback", "skin_check_and_requery", "step_bound", "line_search"):
+        lines.append(f"| iteration: {k.replace('_', ' ')} | {ms(it[k])} | {it[k] / it['sum_of_phases']:5.1%} |")
+        if k == "direction_callback":
+            for h in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",
+                      "triangular_solve", "transfers_and_callback"):
+                lines.append(f"| &nbsp;&nbsp;direction: {h.replace('_', ' ')} | {ms(it[h])} | "
+                             f"{it[h] / it['sum_of_phases']:5.1%} |")
+    lines.append(f"| **iteration, sum of phases** | {ms(it['sum_of_phases'])} | 100% |")
+    for k in ("choreography", "advance_over_step", "frame_copy", "checkpoint_per_step_at_every_120"):
+        lines.append(f"| driver per step: {k.replace('_', ' ')} | {ms(dr[k])} | {dr[k] / total:5.1%} of the step |")
+    lines.append(f"| driver, once: validate the first step | {ms(dr['validate_first_step'])} | |")
+    lines.append(f"| driver, per checkpoint: trajectory.npz ({dr['checkpoint_frames']} frames) + state.npz | "
+                 f"{ms(dr['checkpoint'])} | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--state", action="append", help="tie, cinch or NAME=PATH (repeatable; default tie)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    results = []
+    for s in args.state or ["tie"]:
+        name, _, path = s.partition("=")
+        path = path or os.path.join(ROOT, STATES[name])
+        results.append(profile_state(name, path, args.repeat))
+        print(table(results[-1]), "\n", flush=True)
+    out = dict(command="python3 benchmarks/profile_bag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                       f"{jax.devices()[0].platform}, jax {jax.__version__}",
+               load_average=os.getloadavg(), repeat=args.repeat, states=results)
+    text = json.dumps(out, indent=1, default=float)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    print(text)
+    return out
+
+
+if __name__ == "__main__":
+    main()
