@@ -111,7 +111,7 @@ def _fit(argv):
     ap.add_argument("--start-factor", type=float, help="start at this × the film default (bag 1; pouch, --window 2)")
     ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
     for flag, what in app.TARGET_FLAGS:  # values parsed, in either unit, by app.targets_from
-        ap.add_argument(flag, help=f"pouch, bag: measured {what}, m, or with its unit (38.83mm)")
+        ap.add_argument(flag, help=f"pouch, bag: measured {what}, m, or a value with its unit (e.g. 38.83mm)")
         ap.add_argument(flag + "-mm", help=f"pouch, bag: measured {what}, mm")
     for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
                      ("--steps", dict(type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)"))):
