@@ -1,6 +1,7 @@
-"""What a bag run leaves in its folder besides trajectory.npz and summary.json: a mesh
-sequence for ParaView or Blender (meshio), a time-series plot of the measurements, and
-rendered snapshots of the key phases (matplotlib, headless).
+"""What a bag run (``scenes/bag_run.py``) and a drape run (``scenes/drape_run.py``) leave in
+their folders besides trajectory.npz and summary.json: a mesh sequence for ParaView or
+Blender (meshio), a time-series plot of the measurements (the bag), and rendered
+snapshots of the key phases, or of the first and last frames (matplotlib, headless).
 
 Every function takes a :class:`ipcjax.runfolder.Trajectory` (film (T, N_f, 3), spheres
 (T, S, 3), faces, time (T,)) or one frame's arrays, so it works on any trajectory with that

@@ -14,10 +14,31 @@ def _python_blocks(text):
     return blocks
 
 
+def test_readme_opens_with_the_two_set_up_commands():
+    """The first block of the README is the install-and-drape and install-and-test pair
+    (.ci/run runs the second as written)."""
+    text = open(README).read()
+    first = re.search(r"^```bash\n(.*?)^```", text, flags=re.S | re.M).group(1).splitlines()
+    assert first == ['python3 -m pip install -q -e . && ipcjax drape',
+                     'python3 -m pip install -q -e ".[test]" && python3 -m pytest -q']
+    ci = open(os.path.join(os.path.dirname(README), ".ci", "run")).read()
+    assert first[1] in ci
+
+
+def test_readme_figures_exist():
+    text = open(README).read()
+    paths = re.findall(r'(?:src="|\]\()(docs/figures/[^")]+)', text)
+    assert paths, "the README's picture"
+    for p in paths:
+        assert os.path.isfile(os.path.join(os.path.dirname(README), p)), p
+
+
 def test_readme_python_snippets_run_and_hold():
+    """Simulate, differentiate, fit: the three examples run in order and assert what they say."""
     blocks = _python_blocks(open(README).read())
-    assert len(blocks) >= 2, "the README's usage and gradient examples"
+    assert len(blocks) == 3, "the README's simulate, differentiate and fit examples"
     namespace = {}
     for i, code in enumerate(blocks):
         exec(compile(code, f"README.md python block {i}", "exec"), namespace)
     assert "grads" in namespace  # the gradient example ran to its assertions
+    assert "res" in namespace    # the fit example ran to its assertion
