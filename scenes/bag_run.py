@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipcjax import runfolder
+from ipcjax import compilation_cache, runfolder
 from scenes.bag import EPS_T, SHARED_UNTIL, BagScene
 from scenes.progress import first_step_bar
 
@@ -186,11 +186,14 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
                               captures=choreo.captures_npz(), protocol=options.protocol)
 
     n_run = n_total - step_index
+    run_phases = [choreo.phase_at(k * dt) for k in range(step_index, n_total)]  # for the progress bar's ETA
     bar = None  # started after the first step (see first_step_bar)
     failure, reports, capacity = None, [], None
     min_gap = np.inf
     wall0 = time.perf_counter()
     first_step_s = None  # wall of this run's first step, which includes the jit compilation
+    first_step_cache = None
+    cache0 = compilation_cache.counts()
     while step_index < n_total:
         t = float(state.t)
         phase = choreo.phase_at(t)
@@ -216,6 +219,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             break
         if first_step_s is None:
             first_step_s = time.perf_counter() - wall0
+            first_step_cache = _first_step_cache(cache0)
         capacity = rep.capacity
         if not rep.ok:
             failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))
@@ -228,7 +232,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             frames.add(state.x, float(state.t))
         if step_index % options.checkpoint_every == 0:
             write()
-        bar = first_step_bar("bag", n_run, bar, enabled=options.progress)
+        bar = first_step_bar("bag", n_run, bar, enabled=options.progress, phases=run_phases)
         if bar is not None:
             bar.set_postfix(phase=phase, t=f"{float(state.t):.3f}s", gap=f"{rep.min_gap * 1e3:.4f}mm",
                             newton=rep.iterations, depth=rep.max_depth)
@@ -241,9 +245,25 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
               file=sys.stderr)
     summary = _summary(sc, options, frames.trajectory(), reports, dict(
         step_index=step_index, simulated_s=float(state.t), wall_s=wall, first_step_s=first_step_s,
-        min_gap_m=float(min_gap), unfold_checked=unfold_checked, failure=failure))
+        first_step_compilation_cache=first_step_cache, min_gap_m=float(min_gap), unfold_checked=unfold_checked,
+        failure=failure))
     runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
     return BagRunResult(summary)
+
+
+def _first_step_cache(before: dict) -> dict:
+    """The persistent compilation cache during the first step: its folder (None: off), the
+    programs it returned (``hits``) and those compiled (``compiled``), and ``warm``: at
+    least one hit and nothing compiled. On the sparse path the step itself calls the host
+    (:mod:`ipcjax.ldl`), which JAX does not cache, so that step is never warm (see
+    :mod:`ipcjax.compilation_cache`)."""
+    import jax
+
+    now = compilation_cache.counts()
+    hits = now["hits"] - before["hits"]
+    compiled = now["requests"] - before["requests"] - hits
+    return dict(dir=jax.config.jax_compilation_cache_dir or None, hits=hits, compiled=compiled,
+                warm=hits > 0 and compiled == 0)
 
 
 def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, reports, run: dict) -> dict:
@@ -261,6 +281,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, r
         steps_this_run=n, step_index=run["step_index"],
         simulated_s=run["simulated_s"], wall_s=wall, steps_per_s=n / wall if wall > 0 else None,
         linear_solver=sc.config.linear_solver, first_step_s=first_step_s,
+        first_step_compilation_cache=run["first_step_compilation_cache"],
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)
                                                  if n > 1 and first_step_s is not None else None),
         newton_iterations=int(sum(r.iterations for r in reports)),
