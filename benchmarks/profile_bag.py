@@ -11,7 +11,9 @@ bag run wrote), in this process:
 2. **The step** (the jitted ``step``, best of --repeat) and its pieces, each jitted
    alone on the same inputs: the candidate query at x₀ (with the overlap check), the step
    problem (inertial target, lagged friction set), the whole Newton solve, and the FP32
-   rounding with its gap recheck (a second full candidate query at the rounded positions).
+   rounding with its gap recheck (on the solve's last candidate set, as the step does it;
+   and, for reference, with a second full candidate query at the rounded positions, as
+   the step did before #30).
 3. **The Newton iterations**, replayed on the host from x₀ with the same functions the
    jitted loop calls, each phase jitted alone and timed at every iterate the step visits
    (the replay's iterates equal the jitted solve's: checked, bit for bit): the stencils'
@@ -23,8 +25,9 @@ bag run wrote), in this process:
    the Armijo line search. Each phase's time is the best of --repeat calls at each
    iterate, summed over the step's iterations, and given per iteration.
 4. **The host driver** around the step, as ``scenes.bag_run.run_bag`` runs it: the
-   choreography (``observe``, ``controls_at``), ``advance`` over the bare jitted ``step``
-   (parameter checks and the device-to-host reads of the step's figures), the validation
+   choreography (``observe``, ``controls_at``), ``advance``'s own time beside the jitted
+   ``step`` it calls (parameter checks, the reads of the step's figures; timed inside one
+   ``advance`` call), the validation
    of the first step (``validate=True``), the copy of each frame, and a checkpoint
    (trajectory.npz with every frame so far, rewritten and recompressed, and state.npz).
 
@@ -138,8 +141,10 @@ def profile_state(name, path, repeat):
     solve = jax.jit(lambda x, problem, cs, stats: newton_solve(x, problem, cs, stats, capacity=cap))
     t_solve, (x_star, cs_star, sinfo) = _timed(lambda: solve(x0, problem, cs0, stats0), repeat)
     n_it = int(sinfo.iterations)
-    recheck = jax.jit(lambda x, model: recheck_rounded(model, x.astype(jnp.float32), config, cap))
-    t_recheck, _ = _timed(lambda: recheck(x_star, model), repeat)
+    recheck = jax.jit(lambda x, model, cs: recheck_rounded(model, x.astype(jnp.float32), config, cap, contacts=cs))
+    t_recheck, _ = _timed(lambda: recheck(x_star, model, cs_star), repeat)
+    requery = jax.jit(lambda x, model: recheck_rounded(model, x.astype(jnp.float32), config, cap))
+    t_requery, _ = _timed(lambda: requery(x_star, model), repeat)
     valid = int(jnp.sum(cs0.valid))
     g0, _, _ = contact_gaps(x0, cs0, model.radius, config.min_gap)
     inside = int(jnp.sum(g0 < config.dhat))
@@ -149,7 +154,8 @@ def profile_state(name, path, repeat):
         newton_iterations=n_it, line_search_trials=int(sinfo.line_search_trials),
         step=dict(step=t_step, query_x0=t_query0, step_problem=t_problem, newton_solve=t_solve,
                   fp32_round_and_recheck=t_recheck,
-                  rest=t_step - (t_query0 + t_problem + t_solve + t_recheck)))
+                  rest=t_step - (t_query0 + t_problem + t_solve + t_recheck),
+                  recheck_with_a_new_query_for_reference=t_requery))
 
     # ---------------------------------------------------------------- the iterations, replayed
     solver = linear_solver(config)
@@ -220,8 +226,26 @@ def profile_state(name, path, repeat):
 
     # ---------------------------------------------------------------- the host driver
     t_choreo, _ = _timed(lambda: (choreo.observe(t0, np.asarray(st.x)), choreo.controls_at(k0, t0)), repeat)
-    t_adv, _ = _timed(lambda: advance(model, params, st, ctl, dt, config=config, capacity=cap, validate=False),
-                      repeat)
+    import ipcjax.step as _step_module
+    inside = []
+
+    def timed_step(*a, **k):  # advance's call of the jitted step, timed from inside advance
+        t = time.perf_counter()
+        r = jax.block_until_ready(step(*a, **k))
+        inside.append(time.perf_counter() - t)
+        return r
+
+    _step_module.step = timed_step
+    try:
+        over = []
+        for _ in range(repeat + 1):
+            del inside[:]
+            t = time.perf_counter()
+            advance(model, params, st, ctl, dt, config=config, capacity=cap, validate=False)
+            over.append(time.perf_counter() - t - sum(inside))
+    finally:
+        _step_module.step = step
+    t_over = float(np.min(over[1:]))
     t_val, _ = _timed(lambda: (validate_state(model, st), check_geometry(model, st.x, config, cap)), repeat)
     t_copy, _ = _timed(lambda: (np.asarray(st.x)[sc.film].copy(), np.asarray(st.x)[sc.spheres].copy()), repeat)
     n_frames = k0 + 1
@@ -234,7 +258,7 @@ def profile_state(name, path, repeat):
                                                           unfold_checked=True, resolution=sc.resolution,
                                                           captures=choreo.captures_npz(), protocol="full")),
                            max(1, repeat // 2))
-    out["driver"] = dict(choreography=t_choreo, advance_over_step=t_adv - t_step, advance=t_adv,
+    out["driver"] = dict(choreography=t_choreo, advance_over_step=t_over,
                          validate_first_step=t_val, frame_copy=t_copy,
                          checkpoint=t_ckpt, checkpoint_frames=n_frames,
                          checkpoint_per_step_at_every_120=t_ckpt / 120)
@@ -257,6 +281,8 @@ def table(r):
     for k in ("query_x0", "step_problem", "newton_solve", "fp32_round_and_recheck", "rest"):
         lines.append(f"| step: {k.replace('_', ' ')} | {ms(st[k])} | {st[k] / total:5.1%} |")
     lines.append(f"| **step (jitted `step`)** | {ms(total)} | 100% |")
+    lines.append(f"| for reference: the recheck with a new full query (before #30) | "
+                 f"{ms(st['recheck_with_a_new_query_for_reference'])} | |")
     lines.append(f"| iteration, in the jitted solve (solve / {n}) | {ms(it['in_jitted_solve'])} | |")
     for k in ("weights", "assembly", "direction_callback", "skin_check_and_requery", "step_bound", "line_search"):
         lines.append(f"| iteration: {k.replace('_', ' ')} | {ms(it[k])} | {it[k] / it['sum_of_phases']:5.1%} |")

@@ -80,11 +80,23 @@ def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
     return x, cs, contacts0, sinfo, overlap
 
 
-def recheck_rounded(model: Model, x32, config: Config, capacity):
-    """Smallest gap (m) on exactly the stored FP32 positions, and the query's stats."""
+def recheck_rounded(model: Model, x32, config: Config, capacity, *, contacts=None):
+    """Smallest gap (m) on exactly the stored FP32 positions, and the query's stats.
+
+    ``contacts``: the Newton solve's last candidate set (queried with ``config.skin``).
+    It already holds every stencil within d̂ of the rounded positions: the solution lies
+    in the boxes that set was queried for, widened by skin/2 (the Newton loop's reuse
+    test), and rounding to FP32 moves a particle by ~1e-8 m. So the gaps are taken on it
+    and no second query is made; the stats returned are then None. Without it, the
+    candidates are queried afresh at the rounded positions. Either way every stencil with
+    a gap ≤ d̂ is seen, so the smallest gap is the same whenever it is ≤ d̂ (above d̂ it is
+    the smallest among the stencils the set holds).
+    """
     xr = x32.astype(jnp.float64)
-    cs_r, st_r = query_contacts(xr, xr, model, config, capacity)
-    g_r, _, _ = contact_gaps(xr, cs_r, model.radius, config.min_gap)
+    st_r = None
+    if contacts is None:
+        contacts, st_r = query_contacts(xr, xr, model, config, capacity)
+    g_r, _, _ = contact_gaps(xr, contacts, model.radius, config.min_gap)
     return jnp.min(g_r, initial=jnp.inf), st_r
 
 
@@ -104,8 +116,8 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
     x, cs, _, sinfo, overlap = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
     # storage precision, then the gap recheck on exactly what will be stored
     x32 = x.astype(jnp.float32)
-    min_gap, st_r = recheck_rounded(model, x32, config, capacity)
-    stats = sinfo.stats.merge(st_r)
+    min_gap, st_r = recheck_rounded(model, x32, config, capacity, contacts=cs)
+    stats = sinfo.stats if st_r is None else sinfo.stats.merge(st_r)
     code = result_code(sinfo, overlap, min_gap, stats)
     ok = code == 0
     v_new = ((x32.astype(jnp.float64) - x0) / dt).astype(jnp.float32)

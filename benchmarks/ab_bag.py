@@ -1,0 +1,100 @@
+"""The bag's stepping before and after a change, side by side: ``run_bag`` of an earlier
+commit and of this working tree on the same window, each in its own process, alternated.
+
+    python3 benchmarks/ab_bag.py --before REV [--state tests/data/bag_full_tie.npz] [--steps 24] [--rounds 2]
+
+The earlier commit is checked out into a temporary ``git worktree`` (removed afterwards);
+each (round, tree) runs ``scenes.bag_run.run_bag`` of that tree, with the tree first on
+``sys.path``, resuming from --state for --steps steps of 1/240 s (no meshes, no pictures,
+no progress bar), in a fresh process. Rounds alternate before, after, before, after, …
+so that the machine's load falls on both alike. Timed: the stepping after the first step
+(``wall_s − first_step_s`` of the run's summary.json: the host driver with its jitted
+steps, without the first step's compilation), per step. Compared: the Newton iterations,
+the last frame (largest difference of any film vertex, m), the smallest gap and the
+self-intersection audit. Prints JSON: every run, and after/before as the ratio of each
+tree's best per-step time (best: the run least disturbed by other work).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def worker(root, state, steps, out):
+    sys.path.insert(0, root)
+    os.chdir(root)
+    from scenes.bag_run import BagRunOptions, run_bag
+
+    rs = np.load(state)
+    dt = 1.0 / 240.0
+    until = (int(rs["step"]) + steps) * dt
+    res = run_bag(BagRunOptions(out=out, resume=state, until=until, mesh_every=0, pictures=False, progress=False,
+                                checkpoint_every=10 ** 9))
+    s = res.summary
+    film = np.load(os.path.join(out, "trajectory.npz"))["film"][-1]
+    np.save(os.path.join(out, "last_film.npy"), film)
+    n = s["steps_this_run"]
+    return dict(steps=n, wall_s=s["wall_s"], first_step_s=s["first_step_s"],
+                per_step_after_first_s=(s["wall_s"] - s["first_step_s"]) / max(n - 1, 1),
+                newton_iterations=s["newton_iterations"], min_gap_m=s["min_gap_m"],
+                frames_with_self_intersection=s["audit"]["frames_with_self_intersection"],
+                failure=s["failure"], last_film=os.path.join(out, "last_film.npy"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", help="git revision of the earlier tree")
+    ap.add_argument("--state", default="tests/data/bag_full_tie.npz")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--worker", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.state, args.steps, args.worker[1])))
+        return None
+    if not args.before:
+        ap.error("--before REV is required")
+    state = os.path.abspath(args.state)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = os.path.join(tmp, "before")
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", old, args.before], check=True)
+        try:
+            runs = {"before": [], "after": []}
+            for k in range(args.rounds):
+                for tree, root in (("before", old), ("after", ROOT)):
+                    out = os.path.join(tmp, f"{tree}{k}")
+                    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", root, out,
+                                        "--state", state, "--steps", str(args.steps)],
+                                       capture_output=True, text=True, cwd=ROOT)
+                    if r.returncode != 0:
+                        raise SystemExit(f"{tree} round {k} failed:\n{r.stderr[-3000:]}")
+                    runs[tree].append(json.loads(r.stdout.strip().splitlines()[-1]))
+                    print(f"{tree} round {k}: {runs[tree][-1]['per_step_after_first_s']:.3f} s per step, "
+                          f"{runs[tree][-1]['newton_iterations']} Newton iterations", file=sys.stderr, flush=True)
+            films = {t: [np.load(r.pop("last_film")) for r in runs[t]] for t in runs}
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old], check=False)
+    b = min(r["per_step_after_first_s"] for r in runs["before"])
+    a = min(r["per_step_after_first_s"] for r in runs["after"])
+    out = dict(
+        before=args.before, state=args.state, steps=args.steps, rounds=args.rounds, load_average=os.getloadavg(),
+        runs=runs, per_step_s=dict(before_best=b, after_best=a), after_over_before=a / b,
+        last_frame_max_difference_m=float(np.max(np.abs(films["after"][0] - films["before"][0]))),
+        last_frame_repeatable=dict(before=all(np.array_equal(f, films["before"][0]) for f in films["before"]),
+                                   after=all(np.array_equal(f, films["after"][0]) for f in films["after"])),
+    )
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
