@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from ipcjax import runfolder
+from ipcjax import compilation_cache, runfolder
 from ipcjax.model import LINEAR_SOLVERS
 
 
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         error = "" if asked or not argv else f"ipcjax: error: no job {argv[0]!r}; choose one of {', '.join(JOBS)}\n\n"
         print(error + USAGE, file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
-    job = argv[0]
+    job, _ = argv[0], compilation_cache.enable_compilation_cache()  # ipcjax/compilation_cache.py
     try:
         return int(JOBS[job][0](argv[1:]) or 0)
     except (ValueError, TypeError, OSError) as e:
