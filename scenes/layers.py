@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipcjax.model import build_model
-from scenes.film import FilmScene, film_grid, lumped_mass
+from scenes.film import FILM_DENSITY, FILM_THICKNESS, FilmScene, film_grid, lumped_mass
 
 GAP = 0.6e-3  # m between floor, lower layer and upper layer
 
@@ -39,9 +39,12 @@ class LayersScene(FilmScene):
     upper: np.ndarray | None = None
 
 
-def layers_scene(n: int = 4, size: float = 0.02, slide: float = 0.05, degenerate: bool = False):
+def layers_scene(n: int = 4, size: float = 0.02, slide: float = 0.05, degenerate: bool = False,
+                 areal_density: float = FILM_THICKNESS * FILM_DENSITY):
     """Two n × n film layers of side ``size`` (m) on a fixed floor; the upper one slides
-    along x at ``slide`` m/s.
+    along x at ``slide`` m/s. ``areal_density`` (kg/m²) sets the layers' lumped masses (by
+    default the 30 µm film's); a heavier sheet makes the step's inertia count against the
+    barrier and the membrane, so that v₀ moves the trajectory measurably.
 
     Returns a :class:`LayersScene`.
     """
@@ -55,7 +58,8 @@ def layers_scene(n: int = 4, size: float = 0.02, slide: float = 0.05, degenerate
     floor = np.array([[-h, -h, 0.0], [h, -h, 0.0], [h, h, 0.0], [-h, h, 0.0]])
     x = np.concatenate([lower, upper, floor])
     film_tris = np.concatenate([tris, tris + nl]).astype(np.int32)
-    mass = np.concatenate([lumped_mass(lower, tris), lumped_mass(upper, tris), np.zeros(4)])
+    mass = np.concatenate([lumped_mass(lower, tris, areal_density), lumped_mass(upper, tris, areal_density),
+                           np.zeros(4)])
     nf = 2 * nl
     fixed = np.concatenate([np.zeros(nf, bool), np.ones(4, bool)])
     model = build_model(x, film_tris, mass, obstacle_triangles=np.array([[nf, nf + 1, nf + 2], [nf, nf + 2, nf + 3]]),
