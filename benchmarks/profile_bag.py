@@ -89,7 +89,7 @@ def host_solve_phases(diag, rows, blocks, rhs, repeat):
 
 def profile_state(name, path, repeat):
     from ipcjax import runfolder
-    from ipcjax.line_search import armijo, step_bound
+    from ipcjax.line_search import armijo, reach_contacts, step_bound
     from ipcjax.linear_solvers import linear_solver
     from ipcjax.model import State
     from ipcjax.newton import active_size, newton_solve, query_contacts
@@ -170,12 +170,13 @@ def profile_state(name, path, repeat):
     j_armijo = jax.jit(lambda x, dx, cs, problem, phi0, slope, a0: armijo(
         lambda z: incremental_potential(z, problem, cs), x, dx, config, phi0=phi0, slope=slope, alpha0=a0))
     j_phi = jax.jit(lambda x, problem, cs: incremental_potential(x, problem, cs))
+    j_reach = jax.jit(lambda dx, cs, geom: reach_contacts(dx, cs, geom, config.dhat, active))
 
     phases = {k: 0.0 for k in ("weights", "assembly", "direction_callback", "upper_triangle", "coo_to_csc",
                                "ordering_symbolic", "numeric_factorization", "triangular_solve",
-                               "skin_check_and_requery", "step_bound", "line_search")}
+                               "skin_check_and_requery", "reach_set", "step_bound", "line_search")}
     x, cs, box, phi = x0, cs0, (x0, x0), j_phi(x0, problem, cs0)
-    requeries, trials, nnz, coo = 0, 0, [], []
+    requeries, trials, nnz, coo, reach = 0, 0, [], [], []
     for it in range(n_it):
         tw, geom = _timed(lambda: j_geom(x, cs), repeat)
         ta, (g, hb) = _timed(lambda: j_asm(x, problem, cs, geom), repeat)
@@ -197,12 +198,23 @@ def profile_state(name, path, repeat):
             geom = j_geom(x, cs)
             box = (lo, hi)
             requeries += 1
-        tb, a0 = _timed(lambda: j_bound(x, dx, cs, problem, geom), repeat)
+        # the loop's line search and step bound run over the reach set when it fits
+        # (ipcjax.line_search.reach_contacts), over every row otherwise
+        tr, (sub, sgeom, n_reach) = _timed(lambda: j_reach(dx, cs, geom), repeat)
+        reach.append(int(n_reach))
+        if active is not None and active < cs.idx.shape[0] and int(n_reach) <= active:
+            ls_cs, ls_geom, ls_phi = sub, sgeom, j_phi(x, problem, sub)
+        else:
+            tr, ls_cs, ls_geom, ls_phi = 0.0, cs, geom, phi
+        tb, a0 = _timed(lambda: j_bound(x, dx, ls_cs, problem, ls_geom), repeat)
         slope = jnp.dot(g, dxf)
-        tl, (a, k, ls_ok, phi_a) = _timed(lambda: j_armijo(x, dx, cs, problem, phi, slope, a0), repeat)
+        tl, (a, k, ls_ok, phi_a) = _timed(lambda: j_armijo(x, dx, ls_cs, problem, ls_phi, slope, a0), repeat)
+        if ls_cs is sub:
+            tl += _timed(lambda: j_phi(x, problem, sub), repeat)[0]  # Φ(x) on the reach set
         assert bool(ls_ok), f"replay: the line search failed at iteration {it}"
         trials += int(k)
-        for key, val in (("weights", tw), ("assembly", ta), ("direction_callback", td), ("step_bound", tb),
+        for key, val in (("weights", tw), ("assembly", ta), ("direction_callback", td), ("reach_set", tr),
+                         ("step_bound", tb),
                          ("line_search", tl), ("skin_check_and_requery", tq)):
             phases[key] += val
         for key in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",
@@ -217,10 +229,12 @@ def profile_state(name, path, repeat):
     phases["transfers_and_callback"] = phases["direction_callback"] - host
     per_it = {k: v / n_it for k, v in phases.items()}
     per_it["sum_of_phases"] = sum(per_it[k] for k in ("weights", "assembly", "direction_callback",
-                                                      "skin_check_and_requery", "step_bound", "line_search"))
+                                                      "skin_check_and_requery", "reach_set", "step_bound",
+                                                      "line_search"))
     per_it["in_jitted_solve"] = t_solve / n_it
     out["iteration"] = per_it
     out["replay"] = dict(iterates_equal_jitted_solve=same, requeries=requeries, line_search_trials=trials,
+                         reach_rows=reach,
                          hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
                          padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
 
@@ -284,7 +298,8 @@ def table(r):
     lines.append(f"| for reference: the recheck with a new full query (before #30) | "
                  f"{ms(st['recheck_with_a_new_query_for_reference'])} | |")
     lines.append(f"| iteration, in the jitted solve (solve / {n}) | {ms(it['in_jitted_solve'])} | |")
-    for k in ("weights", "assembly", "direction_callback", "skin_check_and_requery", "step_bound", "line_search"):
+    for k in ("weights", "assembly", "direction_callback", "skin_check_and_requery", "reach_set", "step_bound",
+              "line_search"):
         lines.append(f"| iteration: {k.replace('_', ' ')} | {ms(it[k])} | {it[k] / it['sum_of_phases']:5.1%} |")
         if k == "direction_callback":
             for h in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",

@@ -20,6 +20,12 @@ One bounded ``lax.while_loop`` over a :class:`NewtonState`; each iteration
 6. backtracks from that bound until Φ(x+αΔx) ≤ Φ(x) + 10⁻⁴ α ∇Φ·Δx (≤ 48 halvings,
    :func:`ipcjax.line_search.armijo`).
 
+Steps 5 and 6 run over the candidate rows that can come within d̂ along x → x + Δx
+(:func:`ipcjax.line_search.reach_contacts`, compacted into ``Capacity.active`` slots):
+every other row has a barrier of exactly 0 and a step bound of exactly 1 there, so
+bound and Φ are the same as over every row, Φ up to the order of its sum. When more rows
+can reach than the slots hold, that iteration uses every candidate row instead.
+
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
 """
@@ -31,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import candidates as _cand
-from ipcjax.line_search import armijo, step_bound
+from ipcjax.line_search import armijo, reach_contacts, step_bound
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import (
@@ -166,9 +172,23 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
                 return c2, st.merge(s2), (lo, hi), stencil_geometry(x, c2, radius, min_gap)
 
             cs2, st2, box2, geom2 = jax.lax.cond(inside, lambda _: (cs, st, box, geom), requery, None)
-            a0 = step_bound(x, dx, cs2, problem, geometry=geom2)
             slope = jnp.dot(g, dxf)
-            a, k, ok, phi_a = armijo(potential(cs2), x, dx, config, phi0=phi_x, slope=slope, alpha0=a0)
+
+            def over_all_rows(_):
+                a0 = step_bound(x, dx, cs2, problem, geometry=geom2)
+                return (a0,) + armijo(potential(cs2), x, dx, config, phi0=phi_x, slope=slope, alpha0=a0)
+
+            if active is None or active >= cs2.idx.shape[0]:
+                a0, a, k, ok, phi_a = over_all_rows(None)
+            else:
+                sub, sgeom, n_reach = reach_contacts(dx, cs2, geom2, config.dhat, active)
+
+                def over_reach(_):
+                    a0 = step_bound(x, dx, sub, problem, geometry=sgeom)
+                    phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
+                    return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
+
+                a0, a, k, ok, phi_a = jax.lax.cond(n_reach <= active, over_reach, over_all_rows, None)
             bad = (~ok) | (slope >= 0)
             code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
                               jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
