@@ -19,10 +19,12 @@ bag run wrote), in this process:
    (the replay's iterates equal the jitted solve's: checked, bit for bit): the stencils'
    closest-point weights, the assembly (∇Φ and the element blocks), the direction (the
    host sparse LDLᵀ's callback as the loop calls it, and its host work split into the
-   upper triangle, COO→CSC, AMD ordering + symbolic analysis, numeric factorization,
-   solve; the rest of the callback's time is the transfers and the callback's own cost),
-   the skin check and requery (only where an iterate leaves the skin), the step bound and
-   the Armijo line search. Each phase's time is the best of --repeat calls at each
+   upper-triangle CSC matrix (``ldl.upper_csc``, its kept pattern built before the
+   timing), AMD ordering + symbolic analysis, numeric factorization, solve; the rest of
+   the callback's time is the transfers and the callback's own cost), the skin check and
+   requery (only where an iterate leaves the skin), the reach set
+   (``line_search.reach_contacts``), the step bound and the Armijo line search (over the
+   reach set when it fits, as the loop does, Φ(x) on it included). Each phase's time is the best of --repeat calls at each
    iterate, summed over the step's iterations, and given per iteration.
 4. **The host driver** around the step, as ``scenes.bag_run.run_bag`` runs it: the
    choreography (``observe``, ``controls_at``), ``advance``'s own time beside the jitted
@@ -73,18 +75,16 @@ def _timed(fn, repeat):
 def host_solve_phases(diag, rows, blocks, rhs, repeat):
     """The host sparse solve of :func:`ipcjax.ldl.host_solve`, split into its phases (s)."""
     import qdldl
-    import scipy.sparse as sp
-    from ipcjax.ldl import upper_triangle
+    from ipcjax.ldl import upper_csc, upper_triangle
 
-    n = diag.shape[0]
-    t_up, (r, c, v) = _timed(lambda: upper_triangle(diag, rows, blocks), repeat)
-    t_csc, U = _timed(lambda: sp.csc_matrix((v.astype(np.float64), (r, c)), shape=(n, n)), repeat)
+    t_csc, U = _timed(lambda: upper_csc(diag, rows, blocks), repeat)  # the pattern is kept after the first
+    r = upper_triangle(diag, rows, blocks)[0]  # the coordinate entries, for the report
     t_full, solver = _timed(lambda: qdldl.Solver(U, upper=True), repeat)
     t_num, _ = _timed(lambda: solver.update(U, upper=True), repeat)  # same pattern: numeric only
     t_sol, u = _timed(lambda: solver.solve(rhs), repeat)
-    return dict(upper_triangle=t_up, coo_to_csc=t_csc, ordering_symbolic=max(t_full - t_num, 0.0),
+    return dict(upper_csc=t_csc, ordering_symbolic=max(t_full - t_num, 0.0),
                 numeric_factorization=t_num, triangular_solve=t_sol,
-                host_total=t_up + t_csc + t_full + t_sol), u, int(U.nnz), int(r.shape[0])
+                host_total=t_csc + t_full + t_sol), u, int(U.nnz), int(r.shape[0])
 
 
 def profile_state(name, path, repeat):
@@ -172,7 +172,7 @@ def profile_state(name, path, repeat):
     j_phi = jax.jit(lambda x, problem, cs: incremental_potential(x, problem, cs))
     j_reach = jax.jit(lambda dx, cs, geom: reach_contacts(dx, cs, geom, config.dhat, active))
 
-    phases = {k: 0.0 for k in ("weights", "assembly", "direction_callback", "upper_triangle", "coo_to_csc",
+    phases = {k: 0.0 for k in ("weights", "assembly", "direction_callback", "upper_csc",
                                "ordering_symbolic", "numeric_factorization", "triangular_solve",
                                "skin_check_and_requery", "reach_set", "step_bound", "line_search")}
     x, cs, box, phi = x0, cs0, (x0, x0), j_phi(x0, problem, cs0)
@@ -217,15 +217,14 @@ def profile_state(name, path, repeat):
                          ("step_bound", tb),
                          ("line_search", tl), ("skin_check_and_requery", tq)):
             phases[key] += val
-        for key in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",
-                    "triangular_solve"):
+        for key in ("upper_csc", "ordering_symbolic", "numeric_factorization", "triangular_solve"):
             phases[key] += hp[key]
         x, phi = x + a * dx, phi_a
         if step_norm < float(ctl.tolerance):
             break
     same = bool(jnp.array_equal(x, x_star))
-    host = sum(phases[k] for k in ("upper_triangle", "coo_to_csc", "ordering_symbolic",
-                                   "numeric_factorization", "triangular_solve"))
+    host = sum(phases[k] for k in ("upper_csc", "ordering_symbolic", "numeric_factorization",
+                                   "triangular_solve"))
     phases["transfers_and_callback"] = phases["direction_callback"] - host
     per_it = {k: v / n_it for k, v in phases.items()}
     per_it["sum_of_phases"] = sum(per_it[k] for k in ("weights", "assembly", "direction_callback",
@@ -302,7 +301,7 @@ def table(r):
               "line_search"):
         lines.append(f"| iteration: {k.replace('_', ' ')} | {ms(it[k])} | {it[k] / it['sum_of_phases']:5.1%} |")
         if k == "direction_callback":
-            for h in ("upper_triangle", "coo_to_csc", "ordering_symbolic", "numeric_factorization",
+            for h in ("upper_csc", "ordering_symbolic", "numeric_factorization",
                       "triangular_solve", "transfers_and_callback"):
                 lines.append(f"| &nbsp;&nbsp;direction: {h.replace('_', ' ')} | {ms(it[h])} | "
                              f"{it[h] / it['sum_of_phases']:5.1%} |")

@@ -9,9 +9,12 @@ Inside the traced computation, :func:`sparse_solve` is one ``jax.pure_callback``
 host function
 
 1. turns the element blocks (:class:`ipcjax.potential.HessianBlocks`) into the upper
-   triangle of H in coordinate form, dropping the rows of fixed particles and the exact
-   zeros of unused (padded) contact rows, and sums duplicates into a CSC matrix
-   (``scipy.sparse``);
+   triangle of H as a CSC matrix (``scipy.sparse``), rows of fixed particles dropped
+   (:func:`upper_csc`): the diagonal and the model's own groups (membrane and bending,
+   whose rows never change for a model) through a scatter map into a CSC pattern that is
+   built once per set of rows and kept (:class:`StaticPattern`); the other groups
+   (contacts, friction, supports, ties) in coordinate form without the exact zeros of
+   unused (padded) contact rows, duplicates summed, added to it;
 2. factorizes it as P H Pᵀ = L D Lᵀ with QDLDL (``qdldl``: approximate-minimum-degree
    ordering P, no pivoting) and solves.
 
@@ -29,6 +32,8 @@ same function. Under ``vmap`` it runs once per batch member.
 """
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,15 +41,11 @@ import numpy as np
 from ipcjax.potential import HessianBlocks
 
 
-def upper_triangle(diag, rows, blocks):
-    """Host: (r, c, v) of H's upper triangle in coordinate form (duplicates not yet summed).
-
-    ``diag`` (n,), ``rows`` per group (E, 3k) with fixed-particle rows ≥ n, ``blocks`` per
-    group (E, 3k, 3k). Entries that are exactly zero are dropped (padded contact rows);
-    the diagonal is always present.
-    """
-    n = diag.shape[0]
-    rs, cs, vs = [np.arange(n)], [np.arange(n)], [np.asarray(diag)]
+def _upper_coo(n, rows, blocks, *, drop_zeros=True):
+    """Host: (r, c, v) of the element blocks' upper-triangle entries inside the n free
+    DOFs, in coordinate form, duplicates not summed; padded (all-zero) element rows left
+    out, and with ``drop_zeros`` every exactly-zero entry."""
+    rs, cs, vs = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
     for r, B in zip(rows, blocks):
         r, B = np.asarray(r), np.asarray(B)
         if r.shape[0] == 0:
@@ -55,25 +56,123 @@ def upper_triangle(diag, rows, blocks):
             r, B = r[used], B[used]
         rr = np.broadcast_to(r[:, :, None], B.shape)
         cc = np.broadcast_to(r[:, None, :], B.shape)
-        keep = (rr <= cc) & (cc < n) & (B != 0)
+        keep = (rr <= cc) & (cc < n)
+        if drop_zeros:
+            keep &= B != 0
         rs.append(rr[keep])
         cs.append(cc[keep])
         vs.append(B[keep])
     return np.concatenate(rs), np.concatenate(cs), np.concatenate(vs)
 
 
-def host_solve(diag, rows, blocks, rhs, require_pd=True):
-    """Host: (u, ok) for H u = rhs by sparse LDLᵀ; u is NaN where ok is False."""
-    import qdldl
+def upper_triangle(diag, rows, blocks):
+    """Host: (r, c, v) of H's upper triangle in coordinate form (duplicates not yet summed).
+
+    ``diag`` (n,), ``rows`` per group (E, 3k) with fixed-particle rows ≥ n, ``blocks`` per
+    group (E, 3k, 3k). Entries that are exactly zero are dropped (padded contact rows);
+    the diagonal is always present.
+    """
+    n = diag.shape[0]
+    r, c, v = _upper_coo(n, rows, blocks)
+    return (np.concatenate([np.arange(n), r]), np.concatenate([np.arange(n), c]),
+            np.concatenate([np.asarray(diag), v]))
+
+
+#: Element groups of :class:`~ipcjax.potential.HessianBlocks`, counted from the first,
+#: that go through a kept :class:`StaticPattern`: membrane and bending, whose rows are the
+#: model's and the same in every solve. Which groups they are only decides the speed; the
+#: pattern is keyed on the rows themselves, so any rows give the right matrix.
+STATIC_GROUPS = 2
+
+#: Patterns kept (a fit or a notebook may step a few models in one process).
+_PATTERN_CACHE_SIZE = 8
+_PATTERNS: dict = {}
+
+
+class StaticPattern:
+    """The upper triangle of diag(n) + Σ Pᵀ B P over fixed element rows as a CSC pattern.
+
+    Built once for a set of rows (an ``np.unique`` over their coordinates); afterwards a
+    matrix with new values is one gather of each block's upper-triangle entries and one
+    ``np.bincount`` into the pattern's data — no sort. Structural entries are kept when
+    their value is zero.
+    """
+
+    def __init__(self, n, rows):
+        rs, cs = [np.arange(n)], [np.arange(n)]
+        self.take = []  # per group: flat indices of the kept entries of its (E, 3k, 3k) blocks
+        for r in rows:
+            r = np.asarray(r)
+            E, k = r.shape
+            rr = np.broadcast_to(r[:, :, None], (E, k, k)).reshape(-1)
+            cc = np.broadcast_to(r[:, None, :], (E, k, k)).reshape(-1)
+            keep = np.flatnonzero((rr <= cc) & (cc < n))
+            self.take.append(keep)
+            rs.append(rr[keep])
+            cs.append(cc[keep])
+        key = np.concatenate(cs).astype(np.int64) * n + np.concatenate(rs)
+        uniq, where = np.unique(key, return_inverse=True)
+        self.n, self.nnz = n, uniq.shape[0]
+        self.indices = (uniq % n).astype(np.int32)
+        self.indptr = np.searchsorted(uniq // n, np.arange(n + 1)).astype(np.int32)
+        self.diag_at = where[:n]
+        self.block_at = where[n:]
+
+    def matrix(self, diag, blocks):
+        """The CSC matrix (scipy) with these values (``blocks`` of the same rows)."""
+        import scipy.sparse as sp
+
+        vals = [np.asarray(B).reshape(-1)[t] for B, t in zip(blocks, self.take)]
+        data = np.bincount(self.block_at, weights=np.concatenate(vals) if vals else None,
+                           minlength=self.nnz) if vals else np.zeros(self.nnz)
+        data[self.diag_at] += np.asarray(diag, np.float64)
+        return sp.csc_matrix((data, self.indices, self.indptr), shape=(self.n, self.n))
+
+
+def static_pattern(n, rows):
+    """The kept :class:`StaticPattern` of these rows, built on first use."""
+    h = hashlib.blake2b(digest_size=16)
+    for r in rows:
+        r = np.ascontiguousarray(r)
+        h.update(repr((r.shape, r.dtype.str)).encode())
+        h.update(r.tobytes())
+    key = (n, h.digest())
+    pat = _PATTERNS.get(key)
+    if pat is None:
+        if len(_PATTERNS) >= _PATTERN_CACHE_SIZE:
+            _PATTERNS.pop(next(iter(_PATTERNS)))
+        pat = _PATTERNS[key] = StaticPattern(n, rows)
+    return pat
+
+
+def upper_csc(diag, rows, blocks):
+    """Host: H's upper triangle as a scipy CSC matrix with sorted indices, duplicates summed.
+
+    The diagonal and the first :data:`STATIC_GROUPS` groups through their kept
+    :class:`StaticPattern`, the rest through coordinate form (padded rows and exact zeros
+    left out); the two added.
+    """
     import scipy.sparse as sp
 
     n = diag.shape[0]
+    k = min(STATIC_GROUPS, len(rows))
+    U = static_pattern(n, rows[:k]).matrix(diag, blocks[:k])
+    r, c, v = _upper_coo(n, rows[k:], blocks[k:])
+    if v.shape[0]:
+        U = U + sp.csc_matrix((v.astype(np.float64), (r, c)), shape=(n, n))
+    U.sort_indices()
+    return U
+
+
+def host_solve(diag, rows, blocks, rhs, require_pd=True):
+    """Host: (u, ok) for H u = rhs by sparse LDLᵀ; u is NaN where ok is False."""
+    import qdldl
+
     rhs = np.asarray(rhs, np.float64)
     fail = np.full(rhs.shape, np.nan), np.bool_(False)
-    r, c, v = upper_triangle(diag, rows, blocks)
-    if not (np.all(np.isfinite(v)) and np.all(np.isfinite(rhs))):
+    U = upper_csc(diag, rows, blocks)
+    if not (np.all(np.isfinite(U.data)) and np.all(np.isfinite(rhs))):
         return fail
-    U = sp.csc_matrix((v.astype(np.float64), (r, c)), shape=(n, n))
     try:
         solver = qdldl.Solver(U, upper=True)
     except (ValueError, RuntimeError):  # a zero pivot

@@ -6,7 +6,8 @@ import pytest
 
 from ipcjax import candidates as C
 from ipcjax.implicit import make_rollout, stack_controls
-from ipcjax.ldl import sparse_solve, upper_triangle
+from ipcjax import ldl
+from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
 from ipcjax.linear_solvers import DenseCholesky, SparseLDL
 from ipcjax.model import Config, Controls, Params
 from ipcjax.potential import dense_hessian
@@ -38,6 +39,33 @@ def test_upper_triangle_is_the_dense_matrix(contact_system):
     U = sp.csc_matrix((v, (r, c)), shape=H.shape).toarray()
     assert rel_err(U, np.triu(H)) < 1e-14
     assert len(v) < 0.5 * sum(B.size for B in hbn.blocks)  # the padding really was dropped
+
+
+def test_upper_csc_is_the_dense_matrix_and_keeps_its_pattern(contact_system):
+    """The host's CSC matrix (kept pattern for the first groups + coordinate form for the
+    rest) is the dense scatter's upper triangle; the pattern is built once per set of rows
+    and another set of rows gets its own, right, pattern."""
+    _, hb = contact_system(False)
+    H = np.asarray(dense_hessian(hb))
+    hbn = jax.tree_util.tree_map(np.asarray, hb)
+    assert len(hbn.rows) > ldl.STATIC_GROUPS and hbn.rows[0].shape[0] > 0
+    U = upper_csc(hbn.diag, hbn.rows, hbn.blocks)
+    assert U.has_sorted_indices and U.shape == H.shape
+    assert rel_err(U.toarray(), np.triu(H)) < 1e-14
+    first = ldl.static_pattern(H.shape[0], hbn.rows[:ldl.STATIC_GROUPS])
+    assert ldl.static_pattern(H.shape[0], [r.copy() for r in hbn.rows[:ldl.STATIC_GROUPS]]) is first
+    # new values on the same rows reuse it; the matrix follows the values
+    blocks2 = tuple(2.0 * b for b in hbn.blocks)
+    U2 = upper_csc(2.0 * hbn.diag, hbn.rows, blocks2)
+    assert rel_err(U2.toarray(), 2.0 * np.triu(H)) < 1e-14
+    # other rows in the first group (one element dropped): another pattern, the right matrix
+    rows3 = (hbn.rows[0][1:],) + tuple(hbn.rows[1:])
+    blocks3 = (hbn.blocks[0][1:],) + tuple(hbn.blocks[1:])
+    assert ldl.static_pattern(H.shape[0], rows3[:ldl.STATIC_GROUPS]) is not first
+    hb3 = hb._replace(rows=tuple(jnp.asarray(r) for r in rows3), blocks=tuple(jnp.asarray(b) for b in blocks3))
+    U3 = upper_csc(hbn.diag, rows3, blocks3)
+    assert rel_err(U3.toarray(), np.triu(np.asarray(dense_hessian(hb3)))) < 1e-14
+    assert rel_err(U3.toarray(), np.triu(H)) > 1e-6  # the dropped element really changed it
 
 
 def test_sparse_direction_matches_the_cholesky_direction(contact_system):
