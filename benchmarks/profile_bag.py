@@ -15,16 +15,19 @@ bag run wrote), in this process:
    and, for reference, with a second full candidate query at the rounded positions, as
    the step did before #30).
 3. **The Newton iterations**, replayed on the host from x₀ with the same functions the
-   jitted loop calls, each phase jitted alone and timed at every iterate the step visits
-   (the replay's iterates equal the jitted solve's: checked, bit for bit): the stencils'
-   closest-point weights, the assembly (∇Φ and the element blocks), the direction (the
-   host sparse LDLᵀ's callback as the loop calls it, and its host work split into the
-   upper-triangle CSC matrix (``ldl.upper_csc``, its kept pattern built before the
+   jitted loop calls on its compacting path (``ipcjax.newton``), each phase jitted alone
+   and timed at every iterate the step visits (the replay's iterates equal the jitted
+   solve's: checked, bit for bit): the reference (the rows' gap lower bounds, retaken
+   where too many rows pass, and their compaction), the closest-point weights of the
+   rows that may lie inside d̂, the assembly (∇Φ and the element blocks), the direction
+   (the host sparse LDLᵀ's callback as the loop calls it, and its host work split into
+   the upper-triangle CSC matrix (``ldl.upper_csc``, its kept pattern built before the
    timing), AMD ordering + symbolic analysis, numeric factorization, solve; the rest of
-   the callback's time is the transfers and the callback's own cost), the skin check and
-   requery (only where an iterate leaves the skin), the reach set
-   (``line_search.reach_contacts``), the step bound and the Armijo line search (over the
-   reach set when it fits, as the loop does, Φ(x) on it included). Each phase's time is the best of --repeat calls at each
+   the callback's time is the transfers and the callback's own cost), the skin check
+   and requery (only where an iterate leaves the skin), the reach set
+   (``line_search.reach_contacts``), the step bound (with its rows' weights) and the
+   Armijo line search (Φ(x) on its rows included), the last two over the reach set when
+   it fits, as the loop does. Each phase's time is the best of --repeat calls at each
    iterate, summed over the step's iterations, and given per iteration.
 4. **The host driver** around the step, as ``scenes.bag_run.run_bag`` runs it: the
    choreography (``observe``, ``controls_at``), ``advance``'s own time beside the jitted
@@ -89,7 +92,7 @@ def host_solve_phases(diag, rows, blocks, rhs, repeat):
 
 def profile_state(name, path, repeat):
     from ipcjax import runfolder
-    from ipcjax.line_search import armijo, reach_contacts, step_bound
+    from ipcjax.line_search import armijo, compact_contacts, gap_lower_bound, reach_contacts, step_bound
     from ipcjax.linear_solvers import linear_solver
     from ipcjax.model import State
     from ipcjax.newton import active_size, newton_solve, query_contacts
@@ -158,28 +161,45 @@ def profile_state(name, path, repeat):
                   recheck_with_a_new_query_for_reference=t_requery))
 
     # ---------------------------------------------------------------- the iterations, replayed
+    # the loop of ipcjax.newton.newton_solve on its compacting path (Capacity.active below
+    # the candidate rows, as the bag's capacity always is), phase by phase
     solver = linear_solver(config)
-    radius, min_gap, half_skin = model.radius, config.min_gap, 0.5 * config.skin
+    radius, min_gap, half_skin, dhat = model.radius, config.min_gap, 0.5 * config.skin, config.dhat
     fp, F, active = model.free_particles, model.n_free, active_size(cap)
+    assert active is not None and active < cs0.idx.shape[0], "the replay follows the compacting path only"
+    j_gaps = jax.jit(lambda x, cs: contact_gaps(x, cs, radius, min_gap)[0])
+    j_lb = jax.jit(lambda x, rx, rg, cs: gap_lower_bound(x, rx, rg, cs))
+    j_near = jax.jit(lambda cs, lb: compact_contacts(cs, lb < dhat, active))
     j_geom = jax.jit(lambda x, cs: stencil_geometry(x, cs, radius, min_gap))
-    j_asm = jax.jit(lambda x, problem, cs, geom: gradient_and_blocks(x, problem, cs, geometry=geom, active=active))
+    j_asm = jax.jit(lambda x, problem, cs, geom: gradient_and_blocks(x, problem, cs, geometry=geom))
     j_dir = jax.jit(lambda g, hb: solver.direction(g, solver.init(hb))[:2])
     j_full = jax.jit(lambda dxf, x: jnp.zeros_like(x).at[fp].set(dxf.reshape(F, 3)))
     j_query = jax.jit(lambda x, dx, model: query_contacts(x, x + dx, model, config, cap, skin=config.skin))
-    j_bound = jax.jit(lambda x, dx, cs, problem, geom: step_bound(x, dx, cs, problem, geometry=geom))
-    j_armijo = jax.jit(lambda x, dx, cs, problem, phi0, slope, a0: armijo(
-        lambda z: incremental_potential(z, problem, cs), x, dx, config, phi0=phi0, slope=slope, alpha0=a0))
-    j_phi = jax.jit(lambda x, problem, cs: incremental_potential(x, problem, cs))
-    j_reach = jax.jit(lambda dx, cs, geom: reach_contacts(dx, cs, geom, config.dhat, active))
+    j_reach = jax.jit(lambda dx, cs, lb: reach_contacts(dx, cs, lb, dhat, active))
+    j_bound = jax.jit(lambda x, dx, cs, problem: step_bound(x, dx, cs, problem,
+                                                              geometry=stencil_geometry(x, cs, radius, min_gap)))
+    j_armijo = jax.jit(lambda x, dx, cs, problem, slope, a0: armijo(
+        lambda z: incremental_potential(z, problem, cs), x, dx, config,
+        phi0=incremental_potential(x, problem, cs), slope=slope, alpha0=a0))
 
-    phases = {k: 0.0 for k in ("weights", "assembly", "direction_callback", "upper_csc",
+    phases = {k: 0.0 for k in ("reference", "weights", "assembly", "direction_callback", "upper_csc",
                                "ordering_symbolic", "numeric_factorization", "triangular_solve",
                                "skin_check_and_requery", "reach_set", "step_bound", "line_search")}
-    x, cs, box, phi = x0, cs0, (x0, x0), j_phi(x0, problem, cs0)
-    requeries, trials, nnz, coo, reach = 0, 0, [], [], []
+    x, cs, box = x0, cs0, (x0, x0)
+    ref_x, ref_gap = x0, j_gaps(x0, cs0)
+    requeries, retakes, fallbacks, trials, nnz, coo, reach, near = 0, 0, 0, 0, [], [], [], []
     for it in range(n_it):
-        tw, geom = _timed(lambda: j_geom(x, cs), repeat)
-        ta, (g, hb) = _timed(lambda: j_asm(x, problem, cs, geom), repeat)
+        # the reference's lower bound, the rows it lets near d̂, retaken when too many
+        tr0, lb = _timed(lambda: j_lb(x, ref_x, ref_gap, cs), repeat)
+        if int(jnp.sum(lb < dhat)) > active:
+            tr0 += _timed(lambda: j_gaps(x, cs), repeat)[0]
+            ref_x, ref_gap, lb = x, j_gaps(x, cs), j_gaps(x, cs)
+            retakes += 1
+        t, (sub_a, n_near) = _timed(lambda: j_near(cs, lb), repeat)
+        tr0 += t
+        near.append(int(n_near))
+        tw, geom = _timed(lambda: j_geom(x, sub_a), repeat)
+        ta, (g, hb) = _timed(lambda: j_asm(x, problem, sub_a, geom), repeat)
         td, (dxf, ok) = _timed(lambda: j_dir(g, hb), repeat)
         assert bool(ok), f"replay: the direction failed at iteration {it}"
         hp, u, nz, nc = host_solve_phases(np.asarray(hb.diag), [np.asarray(r) for r in hb.rows],
@@ -194,32 +214,30 @@ def profile_state(name, path, repeat):
         tq = 0.0
         if not inside_box:
             tq, (cs, _) = _timed(lambda: j_query(x, dx, model), repeat)
-            tq += _timed(lambda: j_geom(x, cs), repeat)[0]
-            geom = j_geom(x, cs)
-            box = (lo, hi)
+            tq += _timed(lambda: j_gaps(x, cs), repeat)[0]
+            box, ref_x, ref_gap = (lo, hi), x, j_gaps(x, cs)
             requeries += 1
-        # the loop's line search and step bound run over the reach set when it fits
-        # (ipcjax.line_search.reach_contacts), over every row otherwise
-        tr, (sub, sgeom, n_reach) = _timed(lambda: j_reach(dx, cs, geom), repeat)
+        # the step bound and the line search over the reach set when it fits, over every row otherwise
+        tr, lb2 = _timed(lambda: j_lb(x, ref_x, ref_gap, cs), repeat)
+        t, (sub, n_reach) = _timed(lambda: j_reach(dx, cs, lb2), repeat)
+        tr += t
         reach.append(int(n_reach))
-        if active is not None and active < cs.idx.shape[0] and int(n_reach) <= active:
-            ls_cs, ls_geom, ls_phi = sub, sgeom, j_phi(x, problem, sub)
-        else:
-            tr, ls_cs, ls_geom, ls_phi = 0.0, cs, geom, phi
-        tb, a0 = _timed(lambda: j_bound(x, dx, ls_cs, problem, ls_geom), repeat)
+        ls_cs = sub
+        if int(n_reach) > active:
+            ls_cs = cs
+            fallbacks += 1
+        tb, a0 = _timed(lambda: j_bound(x, dx, ls_cs, problem), repeat)
         slope = jnp.dot(g, dxf)
-        tl, (a, k, ls_ok, phi_a) = _timed(lambda: j_armijo(x, dx, ls_cs, problem, ls_phi, slope, a0), repeat)
-        if ls_cs is sub:
-            tl += _timed(lambda: j_phi(x, problem, sub), repeat)[0]  # Φ(x) on the reach set
+        tl, (a, k, ls_ok, _) = _timed(lambda: j_armijo(x, dx, ls_cs, problem, slope, a0), repeat)
         assert bool(ls_ok), f"replay: the line search failed at iteration {it}"
         trials += int(k)
-        for key, val in (("weights", tw), ("assembly", ta), ("direction_callback", td), ("reach_set", tr),
-                         ("step_bound", tb),
-                         ("line_search", tl), ("skin_check_and_requery", tq)):
+        for key, val in (("reference", tr0), ("weights", tw), ("assembly", ta), ("direction_callback", td),
+                         ("reach_set", tr), ("step_bound", tb), ("line_search", tl),
+                         ("skin_check_and_requery", tq)):
             phases[key] += val
         for key in ("upper_csc", "ordering_symbolic", "numeric_factorization", "triangular_solve"):
             phases[key] += hp[key]
-        x, phi = x + a * dx, phi_a
+        x = x + a * dx
         if step_norm < float(ctl.tolerance):
             break
     same = bool(jnp.array_equal(x, x_star))
@@ -227,13 +245,14 @@ def profile_state(name, path, repeat):
                                    "triangular_solve"))
     phases["transfers_and_callback"] = phases["direction_callback"] - host
     per_it = {k: v / n_it for k, v in phases.items()}
-    per_it["sum_of_phases"] = sum(per_it[k] for k in ("weights", "assembly", "direction_callback",
+    per_it["sum_of_phases"] = sum(per_it[k] for k in ("reference", "weights", "assembly", "direction_callback",
                                                       "skin_check_and_requery", "reach_set", "step_bound",
                                                       "line_search"))
     per_it["in_jitted_solve"] = t_solve / n_it
     out["iteration"] = per_it
     out["replay"] = dict(iterates_equal_jitted_solve=same, requeries=requeries, line_search_trials=trials,
-                         reach_rows=reach,
+                         near_rows=near, reach_rows=reach, reference_retakes=retakes,
+                         reach_fallbacks_to_every_row=fallbacks,
                          hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
                          padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
 
@@ -297,8 +316,8 @@ def table(r):
     lines.append(f"| for reference: the recheck with a new full query (before #30) | "
                  f"{ms(st['recheck_with_a_new_query_for_reference'])} | |")
     lines.append(f"| iteration, in the jitted solve (solve / {n}) | {ms(it['in_jitted_solve'])} | |")
-    for k in ("weights", "assembly", "direction_callback", "skin_check_and_requery", "reach_set", "step_bound",
-              "line_search"):
+    for k in ("reference", "weights", "assembly", "direction_callback", "skin_check_and_requery", "reach_set",
+              "step_bound", "line_search"):
         lines.append(f"| iteration: {k.replace('_', ' ')} | {ms(it[k])} | {it[k] / it['sum_of_phases']:5.1%} |")
         if k == "direction_callback":
             for h in ("upper_csc", "ordering_symbolic", "numeric_factorization",

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import ccd as _ccd
-from ipcjax import distance as _dist
 from ipcjax.model import Config
 from ipcjax.potential import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
 from ipcjax.problem import StepProblem
@@ -26,13 +25,34 @@ ADVANCE_STENCILS = 64
 PHI_ROUNDOFF = 1e-9
 
 
-def reach_contacts(dx, contacts: ContactSet, geometry: StencilGeometry, dhat, size: int):
+def gap_lower_bound(x, ref_x, ref_gap, contacts: ContactSet):
+    """A lower bound of every candidate row's gap at x from its gap at a reference ``ref_x``.
+
+    g(x) ≥ g(ref) − 2·max‖xᵢ − refᵢ‖ over the row's four particles: every point of a
+    segment or triangle moves by at most its corners' largest displacement, so the
+    distance between two primitives (or a sphere centre and a face) changes by at most
+    twice that. ``ref_gap`` (M,): the gaps at ``ref_x`` (+∞ for padding rows), m.
+    """
+    drift2 = jnp.sum((x - ref_x) ** 2, axis=1)
+    return ref_gap - 2.0 * jnp.sqrt(jnp.max(drift2[contacts.idx], axis=1))
+
+
+def compact_contacts(contacts: ContactSet, mask, size: int):
+    """The rows of ``contacts`` where ``mask`` holds, compacted into ``size`` slots (static).
+
+    Returns (contacts of ``size`` rows, ``blocks`` None, unused slots invalid; count). The
+    compacted set holds every such row only when count ≤ size.
+    """
+    rows, taken, count = active_rows(mask, size)
+    return ContactSet(contacts.idx[rows], contacts.kind[rows], taken), count
+
+
+def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
     """The candidate rows that can matter anywhere on the segment x → x + Δx, compacted.
 
     A stencil whose gap at x is g and whose four particles move by at most m = max‖Δxᵢ‖
-    keeps a gap ≥ g − 2αm at x + αΔx (every point of a segment or triangle moves by at
-    most its corners' largest displacement, so the distance between two primitives
-    changes by at most twice that). So a row with g ≥ d̂ + 2m has
+    keeps a gap ≥ g − 2αm at x + αΔx (see :func:`gap_lower_bound`). So a row with
+    g ≥ d̂ + 2m has
 
     * a barrier of exactly 0 at every trial point α ∈ [0, 1] (B = 0 for gaps ≥ d̂), and
     * a single step bound of exactly 1: its approach along the normal is at most 2m < g
@@ -40,21 +60,16 @@ def reach_contacts(dx, contacts: ContactSet, geometry: StencilGeometry, dhat, si
 
     Φ along the segment and :func:`step_bound` over the rows with g < d̂ + 2m (the
     "reach set") are therefore those over every candidate row: the same bound, and Φ up
-    to the order of its sum. At the tie of the pouch bag the reach set holds 475–620 of
-    14,445 candidate rows (docs/benchmarks.md).
+    to the order of its sum. ``gap`` (M,) may be any lower bound of the rows' gaps at x
+    (:func:`gap_lower_bound`; padding rows +∞): the set only grows. At the tie of the
+    pouch bag the reach set holds 475–620 of 14,445 candidate rows (docs/benchmarks.md).
 
-    ``geometry``: the stencils at x (:func:`ipcjax.potential.stencil_geometry`); ``size``
-    (static): slots of the compacted set. Returns (contacts (size rows, ``blocks`` None),
-    their geometry, count); the set is complete only when count ≤ size — the caller must
-    fall back to every row otherwise.
+    ``size`` (static): slots of the compacted set. Returns (contacts (size rows,
+    ``blocks`` None), count); the set is complete only when count ≤ size — the caller
+    must fall back to every row otherwise.
     """
-    X, w, off = geometry
-    d, _ = jax.vmap(_dist.stencil_distance)(X, w)
     m2 = jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1)
-    mask = contacts.valid & (d - off < dhat + 2.0 * jnp.sqrt(m2))
-    rows, taken, count = active_rows(mask, size)
-    sub = ContactSet(contacts.idx[rows], contacts.kind[rows], taken)
-    return sub, StencilGeometry(X[rows], w[rows], off[rows]), count
+    return compact_contacts(contacts, contacts.valid & (gap < dhat + 2.0 * jnp.sqrt(m2)), size)
 
 
 def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: StencilGeometry | None = None):

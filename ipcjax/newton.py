@@ -20,11 +20,20 @@ One bounded ``lax.while_loop`` over a :class:`NewtonState`; each iteration
 6. backtracks from that bound until Φ(x+αΔx) ≤ Φ(x) + 10⁻⁴ α ∇Φ·Δx (≤ 48 halvings,
    :func:`ipcjax.line_search.armijo`).
 
-Steps 5 and 6 run over the candidate rows that can come within d̂ along x → x + Δx
-(:func:`ipcjax.line_search.reach_contacts`, compacted into ``Capacity.active`` slots):
-every other row has a barrier of exactly 0 and a step bound of exactly 1 there, so
-bound and Φ are the same as over every row, Φ up to the order of its sum. When more rows
-can reach than the slots hold, that iteration uses every candidate row instead.
+Only a few of the M candidate rows matter to an iteration (at the pouch bag's tie 475 of
+14,445 lie inside d̂). With ``Capacity.active`` below M, an iteration does not look at
+every row: the solve keeps a reference — the rows' gaps at a recent iterate, taken at
+x_init, after each requery, and again whenever the bound below lets more rows through
+than the slots hold — and bounds each row's gap at x from below by it
+(:func:`ipcjax.line_search.gap_lower_bound`). Step 1 assembles the rows whose bound is
+below d̂, compacted into ``Capacity.active`` slots (rows beyond d̂ add exactly 0 to ∇Φ
+and H; more rows inside d̂ than slots is a ``CAPACITY_OVERFLOW``, and the host grows the
+capacity). Steps 5 and 6 run over the rows whose bound is below d̂ + 2·max‖Δxᵢ‖ of their
+stencil (:func:`ipcjax.line_search.reach_contacts`): every other row has a barrier of
+exactly 0 and a step bound of exactly 1 along the whole segment, so bound and Φ are
+those over every row, Φ up to the order of its sum; when more rows can reach than the
+slots hold, that iteration's steps 5 and 6 use every candidate row. Each Armijo
+comparison takes Φ(x) on the same rows as its trial points.
 
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
@@ -37,11 +46,12 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import candidates as _cand
-from ipcjax.line_search import armijo, reach_contacts, step_bound
+from ipcjax import distance as _dist
+from ipcjax.line_search import armijo, compact_contacts, gap_lower_bound, reach_contacts, step_bound
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import (
-    ContactSet, StencilGeometry, gradient_and_blocks, incremental_potential, stencil_geometry,
+    ContactSet, contact_gaps, gradient_and_blocks, incremental_potential, stencil_geometry,
 )
 from ipcjax.problem import StepProblem
 from ipcjax.result import StepCode, set_code
@@ -89,17 +99,6 @@ def query_contacts(x_start, x_end, model: Model, config: Config, capacity, *, sk
     return ContactSet(idx, kind, valid, blocks), CandidateStats.of(c)
 
 
-def solve_direction(x, problem: StepProblem, contacts: ContactSet, *, geometry: StencilGeometry | None = None,
-                    active: int | None = None):
-    """∇Φ, the Newton direction over the free DOFs, its success flag and the assembly's
-    active-row count, by the linear solver ``config.linear_solver`` names (``active``: see
-    :func:`~ipcjax.potential.gradient_and_blocks`)."""
-    g, hb = gradient_and_blocks(x, problem, contacts, geometry=geometry, active=active)
-    solver = linear_solver(problem.config)
-    dx, ok, _ = solver.direction(g, solver.init(hb))
-    return g, dx, ok, hb.n_active
-
-
 class SolveInfo(NamedTuple):
     code: jnp.ndarray            # () int32 StepCode bits
     iterations: jnp.ndarray      # () int32 Newton iterations
@@ -122,14 +121,17 @@ class NewtonState(NamedTuple):
     min_bound: jnp.ndarray       # () smallest step bound α₀ so far
     step_norm: jnp.ndarray       # () max|Δx| of the last direction, m
     box: tuple                   # ((N, 3), (N, 3)) swept box of the last query, m
-    phi: jnp.ndarray             # () Φ(x), J
+    ref_x: jnp.ndarray           # (N, 3) where ref_gap was taken, m
+    ref_gap: jnp.ndarray         # (M,) gaps of the contact rows at ref_x (+∞ for padding), m
 
 
-def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: CandidateStats, *, capacity):
+def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: CandidateStats, *, capacity,
+                 gaps=None):
     """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo).
 
     ``contacts`` must have been queried at x_init with ``skin=config.skin``; ``capacity``
-    (static) sizes the candidate queries and the active rows.
+    (static) sizes the candidate queries and the active rows. ``gaps``: the contact rows'
+    gaps at x_init (:func:`~ipcjax.potential.contact_gaps`), when the caller has them.
     """
     model, config = problem.model, problem.config
     F = model.n_free
@@ -139,21 +141,47 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
         return jnp.zeros_like(x_init).at[fp].set(v.reshape(F, 3))
 
     half_skin = 0.5 * config.skin
-    radius, min_gap = model.radius, config.min_gap
+    radius, min_gap, dhat = model.radius, config.min_gap, config.dhat
     active = active_size(capacity)
+    solver = linear_solver(config)
+    # with Capacity.active below the candidate rows, an iteration looks at the few rows
+    # that can matter (module docstring); otherwise at every row
+    compact = active is not None and active < contacts.idx.shape[0]
 
     def potential(contacts):
         return lambda z: incremental_potential(z, problem, contacts)
 
+    def gaps_at(z, cs):
+        return contact_gaps(z, cs, radius, min_gap)[0]
+
     def cond(s: NewtonState):
         return (~s.converged) & (s.code == 0) & (s.iteration < config.max_newton)
 
+    def assemble(s: NewtonState):
+        """∇Φ and the Hessian blocks at s.x, the assembly's active-row count, the reference."""
+        x, cs = s.x, s.contacts
+        if not compact:
+            g, hb = gradient_and_blocks(x, problem, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
+            return g, hb, hb.n_active, s.ref_x, s.ref_gap
+        # the rows that may lie inside d̂ at x, by the reference's lower bound; when more
+        # than the slots, the reference is retaken at x (the bound is then the gap itself)
+        lb = gap_lower_bound(x, s.ref_x, s.ref_gap, cs)
+        retake = jnp.sum(lb < dhat) > active
+        ref_x, ref_gap = jax.lax.cond(retake, lambda: (x, gaps_at(x, cs)), lambda: (s.ref_x, s.ref_gap))
+        lb = jnp.where(retake, ref_gap, lb)
+        sub, n_near = compact_contacts(cs, lb < dhat, active)
+        geom = stencil_geometry(x, sub, radius, min_gap)
+        g, hb = gradient_and_blocks(x, problem, sub, geometry=geom)
+        d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
+        n_in = jnp.sum(sub.valid & (d - geom.off < dhat), dtype=jnp.int32)
+        # n_near > active only after a retake, where it is the exact count inside d̂
+        n_bar = jnp.where(n_near > active, n_near, n_in)
+        return g, hb, jnp.maximum(problem.context.friction.count, n_bar), ref_x, ref_gap
+
     def body(s: NewtonState):
-        # s.phi = Φ(x), carried from the line search that accepted x: Φ does not depend on
-        # which complete candidate set evaluates it, since stencils beyond d̂ add exactly 0
-        x, cs, box, phi_x = s.x, s.contacts, s.box, s.phi
-        geom = stencil_geometry(x, cs, radius, min_gap)
-        g, dxf, fact_ok, n_active = solve_direction(x, problem, cs, geometry=geom, active=active)
+        x = s.x
+        g, hb, n_active, ref_x, ref_gap = assemble(s)
+        dxf, fact_ok, _ = solver.direction(g, solver.init(hb))
         # more active contact rows than Capacity.active: the direction misses some; stop
         # with the overflow (the host grows the capacity and redoes the step)
         st = s.stats.with_active(n_active, active)
@@ -161,60 +189,63 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
         dx = to_full(dxf)
         step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
         converged = fact_ok & ~over & (step_norm < problem.controls.tolerance)
+        slope = jnp.dot(g, dxf)
 
-        # both branches: (x, contacts, stats, trials, step bound α₀, code, box, Φ(x))
+        def over_all_rows(cs2):
+            a0 = step_bound(x, dx, cs2, problem, geometry=stencil_geometry(x, cs2, radius, min_gap))
+            phi = potential(cs2)
+            return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
+
+        # both branches: (x, contacts, stats, trials, step bound α₀, code, box, reference)
         def move(_):
             lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
-            inside = jnp.all(lo >= box[0] - half_skin) & jnp.all(hi <= box[1] + half_skin)
+            inside = jnp.all(lo >= s.box[0] - half_skin) & jnp.all(hi <= s.box[1] + half_skin)
 
             def requery(_):
                 c2, s2 = query_contacts(x, x + dx, model, config, capacity, skin=config.skin)
-                return c2, st.merge(s2), (lo, hi), stencil_geometry(x, c2, radius, min_gap)
+                return c2, st.merge(s2), (lo, hi), x, gaps_at(x, c2)
 
-            cs2, st2, box2, geom2 = jax.lax.cond(inside, lambda _: (cs, st, box, geom), requery, None)
-            slope = jnp.dot(g, dxf)
-
-            def over_all_rows(_):
-                a0 = step_bound(x, dx, cs2, problem, geometry=geom2)
-                return (a0,) + armijo(potential(cs2), x, dx, config, phi0=phi_x, slope=slope, alpha0=a0)
-
-            if active is None or active >= cs2.idx.shape[0]:
-                a0, a, k, ok, phi_a = over_all_rows(None)
-            else:
-                sub, sgeom, n_reach = reach_contacts(dx, cs2, geom2, config.dhat, active)
+            cs2, st2, box2, rx2, rg2 = jax.lax.cond(
+                inside, lambda _: (s.contacts, st, s.box, ref_x, ref_gap), requery, None)
+            if compact:
+                sub, n_reach = reach_contacts(dx, cs2, gap_lower_bound(x, rx2, rg2, cs2), dhat, active)
 
                 def over_reach(_):
-                    a0 = step_bound(x, dx, sub, problem, geometry=sgeom)
+                    a0 = step_bound(x, dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
                     phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
                     return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
 
-                a0, a, k, ok, phi_a = jax.lax.cond(n_reach <= active, over_reach, over_all_rows, None)
+                a0, a, k, ok, _ = jax.lax.cond(n_reach <= active, over_reach, lambda _: over_all_rows(cs2), None)
+            else:
+                a0, a, k, ok, _ = over_all_rows(cs2)
             bad = (~ok) | (slope >= 0)
             code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
                               jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
                                         jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
             x2 = jnp.where(code2 == 0, x + a * dx, x)
-            return x2, cs2, st2, k, a0, code2, box2, jnp.where(code2 == 0, phi_a, phi_x)
+            return x2, cs2, st2, k, a0, code2, box2, rx2, rg2
 
         def stay(_):
-            return x, cs, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), box, phi_x
+            return x, s.contacts, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), s.box, ref_x, ref_gap
 
         # The last, sub-tolerance direction is still taken (when the line search accepts it),
         # so that motion slower than tolerance/dt is not quantised away; a rejected final
         # step just leaves x where it is.
-        x2, cs2, st2, k, a0, code2, box2, phi2 = jax.lax.cond(fact_ok & ~over, move, stay, None)
+        x2, cs2, st2, k, a0, code2, box2, rx2, rg2 = jax.lax.cond(fact_ok & ~over, move, stay, None)
         code2 = jnp.where(converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
         code2 = set_code(code2, StepCode.FACTORIZATION_FAILED, unless=fact_ok | over)
         code2 = set_code(code2, StepCode.CAPACITY_OVERFLOW, where=over)
         code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
         return NewtonState(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, converged=converged,
                            code=code2, trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0),
-                           step_norm=step_norm, box=box2, phi=phi2)
+                           step_norm=step_norm, box=box2, ref_x=rx2, ref_gap=rg2)
 
+    if gaps is None and compact:
+        gaps = gaps_at(x_init, contacts)
     init = NewtonState(x=x_init, contacts=contacts, stats=stats, iteration=jnp.int32(0), converged=jnp.bool_(False),
                        code=jnp.int32(0), trials=jnp.int32(0), min_bound=jnp.asarray(1.0, x_init.dtype),
                        step_norm=jnp.asarray(jnp.inf, x_init.dtype), box=(x_init, x_init),
-                       phi=potential(contacts)(x_init))
+                       ref_x=x_init, ref_gap=jnp.zeros(contacts.idx.shape[0], x_init.dtype) if gaps is None else gaps)
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
     return s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats)

@@ -76,7 +76,7 @@ def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
     g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
     overlap = jnp.min(g0, initial=jnp.inf) <= 0
     problem = step_problem(model, config, inputs, contacts0, active=active_size(capacity))
-    x, cs, sinfo = newton_solve(x0, problem, contacts0, stats0, capacity=capacity)
+    x, cs, sinfo = newton_solve(x0, problem, contacts0, stats0, capacity=capacity, gaps=g0)
     return x, cs, contacts0, sinfo, overlap
 
 
