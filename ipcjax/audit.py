@@ -18,24 +18,31 @@ def _boxes(x, elems):
     return p.min(axis=1), p.max(axis=1)
 
 
-def _box_pairs(lo_a, hi_a, lo_b, hi_b, chunk=256):
-    """All (i, j) with overlapping boxes, by chunked sort-free comparison along x first."""
+def _box_pairs(lo_a, hi_a, lo_b, hi_b):
+    """All (i, j) with overlapping boxes, by sort and sweep along x.
+
+    The b boxes are sorted by their lower x; box i can only overlap those whose lower x
+    lies in [lo_a[i].x − (widest b box in x), hi_a[i].x], found by two binary searches,
+    and only those candidates are tested in all three axes (one pass over the candidate
+    pairs, where the chunked comparison before tested every pair of a chunk's window).
+    Pairs come ordered by i, then by b's lower x.
+    """
+    if len(lo_a) == 0 or len(lo_b) == 0:
+        return np.zeros((0, 2), np.int64)
     order = np.argsort(lo_b[:, 0], kind="stable")
     lo_b_s, hi_b_s = lo_b[order], hi_b[order]
-    out = []
-    max_w = float(np.max(hi_b[:, 0] - lo_b[:, 0])) if len(lo_b) else 0.0
-    for s in range(0, len(lo_a), chunk):
-        la, ha = lo_a[s:s + chunk], hi_a[s:s + chunk]
-        # only b whose min-x lies in [min(la.x) − max_w, max(ha.x)] can overlap
-        j0 = np.searchsorted(lo_b_s[:, 0], la[:, 0].min() - max_w, side="left")
-        j1 = np.searchsorted(lo_b_s[:, 0], ha[:, 0].max(), side="right")
-        if j1 <= j0:
-            continue
-        lb, hb = lo_b_s[j0:j1], hi_b_s[j0:j1]
-        ov = np.all((la[:, None, :] <= hb[None, :, :]) & (lb[None, :, :] <= ha[:, None, :]), axis=2)
-        i, j = np.nonzero(ov)
-        out.append(np.stack([i + s, order[j + j0]], axis=1))
-    return np.concatenate(out, axis=0) if out else np.zeros((0, 2), np.int64)
+    max_w = float(np.max(hi_b[:, 0] - lo_b[:, 0]))
+    start = np.searchsorted(lo_b_s[:, 0], lo_a[:, 0] - max_w, side="left")
+    end = np.searchsorted(lo_b_s[:, 0], hi_a[:, 0], side="right")
+    count = np.maximum(end - start, 0)
+    total = int(count.sum())
+    if total == 0:
+        return np.zeros((0, 2), np.int64)
+    i = np.repeat(np.arange(len(lo_a)), count)
+    first = np.cumsum(count) - count  # where each i's candidates begin
+    jj = np.arange(total) - np.repeat(first, count) + np.repeat(start, count)
+    ov = np.all((lo_a[i] <= hi_b_s[jj]) & (lo_b_s[jj] <= hi_a[i]), axis=1)
+    return np.stack([i[ov], order[jj[ov]]], axis=1).astype(np.int64)
 
 
 def segment_triangle_intersect(p0, p1, t0, t1, t2, *, eps=0.0):

@@ -2,7 +2,7 @@
 import ipctk
 import numpy as np
 
-from ipcjax.audit import audit_frame, audit_trajectory, edge_face_intersections, segment_triangle_intersect
+from ipcjax.audit import _box_pairs, audit_frame, audit_trajectory, edge_face_intersections, segment_triangle_intersect
 from scenes.film import film_grid
 
 
@@ -15,6 +15,28 @@ def test_segment_triangle_test_agrees_with_ipctk():
     ref = np.array([ipctk.is_edge_intersecting_triangle(p0[i], p1[i], t0[i], t1[i], t2[i]) for i in range(n)])
     assert ours.sum() > 100  # the sample has plenty of crossings
     assert np.array_equal(ours, ref)
+
+
+def test_box_pairs_are_every_overlapping_pair_in_order():
+    """The sweep's pairs are exactly the brute-force all-pairs overlaps (touching boxes
+    included), ordered by the first box; none for empty inputs or far-apart boxes."""
+    rng = np.random.default_rng(1)
+    for na, nb, spread in ((300, 200, 1.0), (50, 400, 0.2), (1, 2, 1.0)):
+        lo_a = rng.uniform(0, spread, size=(na, 3))
+        hi_a = lo_a + rng.uniform(0, 0.1, size=(na, 3))
+        lo_b = rng.uniform(0, spread, size=(nb, 3))
+        hi_b = lo_b + rng.uniform(0, 0.3, size=(nb, 3))
+        hi_b[0] = lo_b[0]  # a degenerate (point) box
+        lo_a[0], hi_a[0] = lo_b[1], lo_b[1]  # touching a corner exactly
+        pairs = _box_pairs(lo_a, hi_a, lo_b, hi_b)
+        ov = np.all((lo_a[:, None] <= hi_b[None]) & (lo_b[None] <= hi_a[:, None]), axis=2)
+        ref = np.argwhere(ov)
+        assert len(ref) > 0
+        assert np.array_equal(np.unique(pairs, axis=0), ref) and len(pairs) == len(ref)
+        assert np.all(np.diff(pairs[:, 0]) >= 0)
+    z = np.zeros((0, 3))
+    assert _box_pairs(z, z, lo_b, hi_b).shape == (0, 2) and _box_pairs(lo_a, hi_a, z, z).shape == (0, 2)
+    assert _box_pairs(lo_a, hi_a, lo_b + 10.0, hi_b + 10.0).shape == (0, 2)
 
 
 def _folded_sheet(gap):
