@@ -95,8 +95,10 @@ class Capacity(NamedTuple):
     edge_grid: intermediate buffers of the edge-against-edge search (EE).
     active: rows of the Newton Hessian's contact terms — barrier stencils inside d̂ at an
         iterate, friction stencils with a load at step start — which the assembly
-        compacts out of all the candidate rows (the rest add exactly zero). None: no
-        compaction, every candidate row is assembled.
+        compacts out of all the candidate rows (the rest add exactly zero); the Newton
+        loop also compacts the rows its step bound and line search need into that many
+        slots (:mod:`ipcjax.newton`). None: no compaction, every candidate row is
+        assembled and searched.
     None grids pick a size from the topology; any size is safe (too small only raises
     the overflow flag).
     """
