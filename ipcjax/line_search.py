@@ -62,7 +62,8 @@ def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
     "reach set") are therefore those over every candidate row: the same bound, and Φ up
     to the order of its sum. ``gap`` (M,) may be any lower bound of the rows' gaps at x
     (:func:`gap_lower_bound`; padding rows +∞): the set only grows. At the tie of the
-    pouch bag the reach set holds 475–620 of 14,445 candidate rows (docs/benchmarks.md).
+    pouch bag the reach set holds 475–620 of 14,445 candidate rows by the exact gaps, 619–712
+    by the reference's lower bounds (docs/benchmarks.md).
 
     ``size`` (static): slots of the compacted set. Returns (contacts (size rows,
     ``blocks`` None), count); the set is complete only when count ≤ size — the caller
