@@ -193,7 +193,8 @@ def profile_state(name, path, repeat):
         tr0, lb = _timed(lambda: j_lb(x, ref_x, ref_gap, cs), repeat)
         if int(jnp.sum(lb < dhat)) > active:
             tr0 += _timed(lambda: j_gaps(x, cs), repeat)[0]
-            ref_x, ref_gap, lb = x, j_gaps(x, cs), j_gaps(x, cs)
+            ref_x, ref_gap = x, j_gaps(x, cs)
+            lb = ref_gap
             retakes += 1
         t, (sub_a, n_near) = _timed(lambda: j_near(cs, lb), repeat)
         tr0 += t

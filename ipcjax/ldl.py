@@ -123,8 +123,8 @@ class StaticPattern:
         import scipy.sparse as sp
 
         vals = [np.asarray(B).reshape(-1)[t] for B, t in zip(blocks, self.take)]
-        data = np.bincount(self.block_at, weights=np.concatenate(vals) if vals else None,
-                           minlength=self.nnz) if vals else np.zeros(self.nnz)
+        data = (np.bincount(self.block_at, weights=np.concatenate(vals), minlength=self.nnz) if vals
+                else np.zeros(self.nnz))
         data[self.diag_at] += np.asarray(diag, np.float64)
         return sp.csc_matrix((data, self.indices, self.indptr), shape=(self.n, self.n))
 
