@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ipcjax import compile_guard
 from ipcjax.model import Params
 from ipcjax.result import StepCode
 from ipcjax.runfolder import write_json
@@ -331,6 +332,7 @@ def fit_measured(problem: MeasuredRollout, target, params0: Params, names: Seque
     The parameters of ``problem.names`` that are not fitted stay at their values in
     ``params0``. Arguments, result and errors as in :func:`fit`.
     """
+    compile_guard.release_if_crowded()
     names = problem.names if names is None else _check_names(names)
     extra = [n for n in names if n not in problem.names]
     if extra:

@@ -14,6 +14,8 @@ One timestep, in the order its data flows (docs/spec.md §2):
     step.py           one step: solve, FP32 rounding, gap recheck, velocities; host retries
     implicit.py       the implicit VJP of a step and differentiable rollouts
     result.py         StepCode bits and the one helper that sets them
+    compile_guard.py  frees compiled programs before XLA's CPU compiler meets the kernel's
+                      cap on memory mappings (installed on import; changes no JAX setting)
 
 Importing ipcjax enables JAX's float64 mode: distances, derivatives and the global
 linear system are FP64 by design (positions are stored rounded to FP32).
@@ -21,5 +23,9 @@ linear system are FP64 by design (positions are stored rounded to FP32).
 import jax as _jax
 
 _jax.config.update("jax_enable_x64", True)
+
+from ipcjax import compile_guard as _compile_guard  # noqa: E402
+
+_compile_guard.install()
 
 __version__ = "0.1.0"

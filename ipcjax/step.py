@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipcjax import candidates as _cand
+from ipcjax import compile_guard
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, newton_solve, query_contacts
@@ -330,6 +331,7 @@ def simulate(model: Model, params: Params, state: State, controls, steps: int, *
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an integer ≥ 1; got {steps!r}")
     check_dt(dt)
+    compile_guard.release_if_crowded()
     get = controls if callable(controls) else (lambda i, t: controls)
     frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
     capacity = None

@@ -147,8 +147,10 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
             ``out``; all before any step is taken.
     """
     from ipcjax import step as ipc_step
+    from ipcjax import compile_guard
     from scenes.bag import PROTOCOLS, UnfoldIncomplete, bag_scene, check_unfolded
 
+    compile_guard.release_if_crowded()
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
                    params=options.params)
     choreo, dt = sc.choreography, sc.dt

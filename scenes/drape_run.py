@@ -48,11 +48,13 @@ def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
     ``options.out``). The run folder must have been checked (:func:`runfolder.prepare`).
     A failed step stops the run, and what ran up to it is still written.
     """
+    from ipcjax import compile_guard
     from ipcjax import step as ipc_step
     from ipcjax.audit import audit_trajectory
     from ipcjax.model import Config, Controls, Params
     from scenes.film import drape_scene
 
+    compile_guard.release_if_crowded()
     sc = drape_scene(n=options.resolution, size=options.size, sphere_radius=options.radius)
     params = Params.film_defaults()
     config = Config(membrane=options.membrane, bending=options.bending, linear_solver=options.linear_solver)

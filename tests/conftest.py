@@ -1,10 +1,32 @@
-"""Test configuration: every test runs in float64 (derivative comparisons need it), and the
+"""Test configuration: every test runs in float64 (derivative comparisons need it), the
 command-line jobs the tests start write no persistent compilation cache into the user's
-home (tests/test_compile_cache.py sets its own folders)."""
+home (tests/test_compile_cache.py sets its own folders), and before each test the library's
+guard frees compiled programs when the process holds too many memory mappings."""
 import os
 
 import jax
+import pytest
+
+from ipcjax import compile_guard
 
 os.environ.setdefault("IPCJAX_COMPILATION_CACHE", "off")
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs_when_crowded():
+    """Between tests, the library's guard frees JAX's compiled programs when the process
+    holds more than half of vm.max_map_count (ipcjax.compile_guard, issue #31)."""
+    compile_guard.release_if_crowded()
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on the compile guard: how many programs this process compiled, the most
+    memory mappings it held after one, and how often the guard freed them."""
+    s, use = compile_guard.stats(), compile_guard.map_use()
+    if use is not None:
+        terminalreporter.write_line(
+            f"compile guard: {s['compiles']} compilations, at most {s['peak']:,} memory mappings "
+            f"of vm.max_map_count {use.limit:,}, {s['releases']} releases")
