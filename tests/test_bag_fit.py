@@ -65,7 +65,7 @@ def _static_solve(m, cfg, cap, ctl, params, x_start, dt):
     return anchor.at[free].set(u.reshape(-1, 3))
 
 
-def _check_rest_jacobian_matches_central_differences_of_static_equilibria():
+def test_rest_jacobian_matches_central_differences_of_static_equilibria():
     """dy/dz of make_rest_jacobian at an equilibrium x* equals central differences of the
     measurements of equilibria re-solved at θ·e^{±h}: E and kθ non-zero, μf exactly zero
     (no contact: no friction load)."""
@@ -97,7 +97,7 @@ def _check_rest_jacobian_matches_central_differences_of_static_equilibria():
         np.testing.assert_allclose(J[:, i], fd, rtol=1e-5, atol=1e-9 * np.max(np.abs(fd)), err_msg=n)
 
 
-def _check_rest_jacobian_refuses_an_unstable_state():
+def test_rest_jacobian_refuses_an_unstable_state():
     """A plate squeezed to half its width with next to no bending stiffness: its membrane
     Hessian in compression is indefinite, and the Cholesky factor comes back non-finite
     (which run_node records as ``stable=False`` and check_rest refuses)."""
@@ -108,31 +108,6 @@ def _check_rest_jacobian_refuses_an_unstable_state():
     xc = x.at[:, 0].set(jnp.where(jnp.asarray(free), 0.5 * x[:, 0] + 0.005, x[:, 0]))  # squeezed: membrane buckles
     _, _, L, _, _, _ = jac(xc, jnp.zeros_like(x), Params.film_defaults(bending_scale=1e-6), ctl, jnp.asarray(1 / 240))
     assert not bool(jnp.all(jnp.isfinite(L)))
-
-
-def _in_fresh_process(name):
-    """Run ``name`` of this module in a fresh Python process. Late in the full suite, after
-    some hundred compilations, XLA's CPU compiler has crashed (segfault) on a later test's
-    program (as tests/test_verlet.py records); these two compile sizeable programs of their
-    own, so they keep them out of the suite's process. A workaround, recorded as such."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", f"import tests.test_bag_fit as t; t.{name}()"], cwd=root,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-
-
-def test_rest_jacobian_matches_central_differences_of_static_equilibria():
-    """dy/dz of make_rest_jacobian against central differences of re-solved static
-    equilibria of a clamped plate (see _check_rest_jacobian_matches_…)."""
-    _in_fresh_process("_check_rest_jacobian_matches_central_differences_of_static_equilibria")
-
-
-def test_rest_jacobian_refuses_an_unstable_state():
-    _in_fresh_process("_check_rest_jacobian_refuses_an_unstable_state")
 
 
 # --------------------------------------------------------------------------- smoothing

@@ -314,35 +314,19 @@ def test_rollout_does_not_recompile_for_new_parameter_values():
 # --------------------------------------------------------------------------- fitting and CLI
 
 
-FIT_SCRIPT = """
-import pytest
-import baselines.verlet as V
-from fitting.fit import FitResult
-cloth, state = V.cloth_grid(8, iterations=8)
-params = V.VerletParams(damping=0.8)  # settles within the 60-step rollout
-target = float(V.sag(V.rollout(cloth, params._replace(stiffness=0.5), state, 60).state.x, 8))
-fit = V.fit_stiffness(target, cloth, state, params, steps=60, n_iter=20, init_stiffness=1.0)
-assert isinstance(fit, FitResult)  # fitting's loop and result type
-loss = [h["loss"] for h in fit.history]
-assert len(loss) == 21 and fit.history[0]["params"]["stiffness"] == pytest.approx(1.0)
-assert min(loss) < 1e-3 * loss[0], loss
-assert abs(float(fit.params.stiffness) - 0.5) < 0.05, fit.params.stiffness
-assert fit.params.damping == 0.8
-print("ok")
-"""
-
-
 def test_fit_stiffness_recovers_known_stiffness():
-    """Runs in a fresh process: late in the full suite (after some hundred compilations in
-    one process) XLA's CPU compiler crashed twice on this fit's gradient (a segfault, then
-    an abort, inside backend_compile_and_load), while the same test passes alone and after
-    the fitting and rollout tests. Until that is understood, a fresh process keeps the
-    check and keeps the suite alive."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", FIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    from fitting.fit import FitResult
+
+    cloth, state = V.cloth_grid(8, iterations=8)
+    params = V.VerletParams(damping=0.8)  # settles within the 60-step rollout
+    target = float(V.sag(V.rollout(cloth, params._replace(stiffness=0.5), state, 60).state.x, 8))
+    fit = V.fit_stiffness(target, cloth, state, params, steps=60, n_iter=20, init_stiffness=1.0)
+    assert isinstance(fit, FitResult)  # fitting's loop and result type
+    loss = [h["loss"] for h in fit.history]
+    assert len(loss) == 21 and fit.history[0]["params"]["stiffness"] == pytest.approx(1.0)
+    assert min(loss) < 1e-3 * loss[0], loss
+    assert abs(float(fit.params.stiffness) - 0.5) < 0.05, fit.params.stiffness
+    assert fit.params.damping == 0.8
 
 
 def test_main_writes_readable_mesh_sequence(tmp_path, capsys):
