@@ -33,6 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.map_exhaustion import lowered_cap  # noqa: E402
 from ipcjax import compile_guard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,13 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cap", type=int, default=None, help="vm.max_map_count for the run (root; restored after)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
-    cap_path = "/proc/sys/vm/max_map_count"
-    old_cap = int(open(cap_path).read())
-    if args.cap is not None:
-        with open(cap_path, "w") as f:
-            f.write(str(args.cap))
     rows = []
-    try:
+    with lowered_cap(args.cap):
         jobs = job_list(args.quick)
         print(f"{len(jobs)} jobs × {args.rounds} rounds; vm.max_map_count {compile_guard.map_use().limit:,}")
         print(f"{'round':>5} {'job':>3}  {'wall s':>7} {'RSS MB':>8} {'maps':>7} {'compiles':>8} {'releases':>8}  job")
@@ -189,10 +185,6 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{r + 1:>5} {j + 1:>3}  {wall:7.1f} {row['rss_mb']:8.1f} {use.count:7d} {s['compiles']:8d} "
                       f"{s['releases']:8d}  {name}", flush=True)
-    finally:
-        if args.cap is not None:
-            with open(cap_path, "w") as f:
-                f.write(str(old_cap))
     first = [x for x in rows if x["round"] == 1]
     print(f"round 1: RSS {first[0]['rss_mb']:.0f} → {first[-1]['rss_mb']:.0f} MB, "
           f"mappings {first[0]['maps']} → {first[-1]['maps']}, {first[-1]['compiles']} compilations")

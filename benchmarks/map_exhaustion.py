@@ -21,6 +21,7 @@ Without root it runs at the machine's cap and prints the mappings gained per pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -54,6 +55,24 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@contextlib.contextmanager
+def lowered_cap(cap: int | None):
+    """vm.max_map_count set to ``cap`` inside the block (root only: without it, Python's
+    PermissionError), the machine's own value put back after; None changes nothing.
+    Yields the machine's own value."""
+    with open(CAP) as f:
+        old = int(f.read())
+    if cap is not None:
+        with open(CAP, "w") as f:
+            f.write(str(cap))
+    try:
+        yield old
+    finally:
+        if cap is not None:
+            with open(CAP, "w") as f:
+                f.write(str(old))
+
+
 def run_child(mode: str, programs: int) -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, mode, str(programs)], cwd=ROOT,
                        capture_output=True, text=True, timeout=1800)
@@ -69,17 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cap", type=int, default=None, help="vm.max_map_count for the run (root; restored after)")
     ap.add_argument("--modes", default="off,listener,release")
     args = ap.parse_args(argv)
-    with open(CAP) as f:
-        old = int(f.read())
-    if args.cap is not None:
-        with open(CAP, "w") as f:  # PermissionError without root: said plainly by Python
-            f.write(str(args.cap))
-    try:
+    with lowered_cap(args.cap) as old:
         results = [run_child(m, args.programs) for m in args.modes.split(",")]
-    finally:
-        if args.cap is not None:
-            with open(CAP, "w") as f:
-                f.write(str(old))
     cap = args.cap if args.cap is not None else old
     print(f"vm.max_map_count {cap:,} (machine's own {old:,}); {args.programs} programs per child")
     for r in results:

@@ -26,7 +26,7 @@ def pytest_terminal_summary(terminalreporter, config):
     """One line on the compile guard: how many programs this process compiled, the most
     memory mappings it held after one, and how often the guard freed them. Under xdist the
     tests compile in the workers, whose figures this process cannot see: the line says so."""
-    workers = config.getoption("numprocesses", None) if hasattr(config.option, "numprocesses") else None
+    workers = config.getoption("numprocesses", None)
     if workers not in (None, 0, "0"):
         terminalreporter.write_line(f"compile guard: on in each of the {workers} worker processes "
                                     "(its figures print with -n 0)")
