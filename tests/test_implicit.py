@@ -127,13 +127,19 @@ def test_backward_solve_with_too_few_active_rows_uses_every_row():
     x0[:n_film] += np.random.default_rng(6).normal(size=(n_film, 3)) * 2e-5
     x0, v0 = jnp.asarray(x0), jnp.asarray(v0)
     cap = C.initial_capacity(m.topology)
-    cs, _ = query_contacts(x0, x0, m, CFG, cap, skin=CFG.skin)
     p = Params.film_defaults()
     ctl = Controls.empty(m.n_particles)
-    problem = step_problem(m, CFG, StepInputs(p, x0, v0, ctl, jnp.asarray(DT)), cs)
+
+    @jax.jit  # one program for the set-up (op by op it was hundreds of small compilations)
+    def set_up(x0, v0):
+        cs, _ = query_contacts(x0, x0, m, CFG, cap, skin=CFG.skin)
+        problem = step_problem(m, CFG, StepInputs(p, x0, v0, ctl, jnp.asarray(DT)), cs)
+        return cs, problem, gradient_and_blocks(x0, problem, cs, active=cap.active)[1].n_active
+
+    cs, problem, n_active = set_up(x0, v0)
+    n_active = int(n_active)
     rhs = jnp.asarray(np.random.default_rng(5).normal(size=3 * m.n_free))
     run = jax.jit(lambda active: solve_at(x0, problem, cs, rhs, projection="exact", active=active), static_argnums=0)
-    n_active = int(gradient_and_blocks(x0, problem, cs, active=cap.active)[1].n_active)
     assert 1 < n_active < cs.idx.shape[0]
     full = np.asarray(run(None))
     assert np.abs(full).max() > 0

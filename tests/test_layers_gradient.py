@@ -35,7 +35,7 @@ def _controls(m, tol):
 
 
 def test_two_layer_friction_gradients_pass_the_taylor_test():
-    """Gradients in E, μf, kθ, x₀ and v₀ through film-on-film and film-on-floor friction
+    """Gradients in E, μf, kθ and x₀ through film-on-film and film-on-floor friction
     converge at order 2 in the Taylor test (tests/helpers.py, docs/differentiation.md).
 
     A central difference at one step is not a verdict here: each solve stops at
@@ -60,6 +60,7 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
         warnings.simplefilter("error", NonDifferentiableWarning)  # the generic start is not flagged
         (val, kinks), g = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(p0, x0, v0)
     assert int(np.sum(kinks)) == 0
+    assert float(jnp.abs(g[2]).max()) > 0  # v₀'s Taylor test is the slow one below
     f0 = float(val)
     # Parameters in relative steps from 30 %: the expansion holds below ~10 % and the solve
     # noise floor lies near 1e-3 relative (measured: windows of 1.5–2.7 decades, default, one
@@ -75,21 +76,34 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
     d_x = jnp.asarray(np.random.default_rng(3).normal(size=x0.shape) * free)
     res = taylor_test(lambda s: loss(p0, x0 + s * d_x, v0)[0], float(jnp.sum(g[1] * d_x)), 1e-5, n=14, f0=f0)
     print("x0", res)
-    # v₀ on a heavier sheet (areal density × HEAVY). On the 30 µm film the step's inertia is
-    # tiny against the barrier and the membrane (m/dt² ≈ 0.04 N/m a particle), so v₀ moves
-    # the loss by only ~5e-5 per m/s in any direction (random: 4e-5; the slide: 5e-8,
-    # friction holds it): its differences sat on the solve's noise (0.2–16 % off at one h),
-    # and a tighter 1e-12 m solve ran into the iteration cap under other round-off
-    # (XLA_FLAGS=--xla_cpu_max_isa=AVX). On the heavier sheet the same friction and contacts
-    # act and v₀ counts. Direction: the upper layer pressing down plus a random part.
-    sh, _, roll_h = _setup(degenerate=False, areal_density=HEAVY * _AREAL)
+
+
+@pytest.mark.slow  # two more rollout programs (≈ 2 min); v₀'s gradient path is checked in the default suite by
+# tests/test_implicit.py::test_implicit_gradient_equals_unrolled_newton_without_contact
+def test_two_layer_friction_gradient_in_v0_passes_the_taylor_test():
+    """The gradient in v₀ through the same film-on-film friction converges at order 2.
+
+    On the 30 µm film the step's inertia is tiny against the barrier and the membrane
+    (m/dt² ≈ 0.04 N/m a particle), so v₀ moves the loss by only ~5e-5 per m/s in any
+    direction (random: 4e-5; the slide: 5e-8, friction holds it): its differences sat on the
+    solve's noise (0.2–16 % off at one h), and a tighter 1e-12 m solve ran into the
+    iteration cap under other round-off (XLA_FLAGS=--xla_cpu_max_isa=AVX). So the sheet here
+    is heavier (areal density × HEAVY): the same friction and contacts act and v₀ counts.
+    Direction: the upper layer pressing down plus a random part.
+    """
+    sh, m, roll_h = _setup(degenerate=False, areal_density=HEAVY * _AREAL)
     xh, vh = jnp.asarray(sh["x"]), jnp.asarray(sh["v"])
+    upper = jnp.asarray(sh["upper"])
+    W = jnp.zeros_like(xh).at[upper, 0].set(1.0).at[: sh["n_film"], 2].set(1.0)
+    ctl = _controls(m, TOL)
+    p0 = Params.film_defaults()
+    free = np.asarray(~m.fixed)[:, None]
 
     def loss_h(v):
         frames, _, codes, kinks = roll_h(p0, xh, v, ctl, DT)
         return jnp.sum(W * frames[-1]), kinks
 
-    roll_h(p0, xh, vh, ctl, DT)
+    roll_h(p0, xh, vh, ctl, DT)  # sizes the candidate capacity (and compiles)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonDifferentiableWarning)
         (vh_val, kinks_h), gv = jax.value_and_grad(loss_h, has_aux=True)(vh)

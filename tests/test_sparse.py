@@ -136,7 +136,9 @@ def active_system():
     rng = np.random.default_rng(4)
     x0 = jnp.asarray(sc["x"])
     x = x0.at[:n * n].add(jnp.asarray(rng.normal(size=(n * n, 3)) * 5e-5))
-    cs, stats = query_contacts(x0, x, m, Config(), C.Capacity(4 * n * n, 16 * n * n, 4 * n * n), skin=1.5e-3)
+    cap = C.Capacity(4 * n * n, 16 * n * n, 4 * n * n)
+    # jitted: one program, where op by op it was hundreds of small compilations
+    cs, stats = jax.jit(lambda a, b: query_contacts(a, b, m, Config(), cap, skin=1.5e-3))(x0, x)
     assert not bool(stats.overflow)
     return sc, m, Params.film_defaults(), x, x0, cs
 
@@ -148,19 +150,20 @@ def test_compacted_assembly_equals_the_full_one(active_system, exact):
     sc, m, p, x, x0, cs = active_system
     ctl = Controls.empty(m.n_particles)
     M = cs.idx.shape[0]
-    fs_full = friction_set(x0, cs, m.radius, p, Config())
-    n_fric = int(fs_full.count)
     K = 48
-    fs_comp = friction_set(x0, cs, m.radius, p, Config(), active=K)
+    fs_full, fs_comp = jax.jit(lambda x0: (friction_set(x0, cs, m.radius, p, Config()),
+                                           friction_set(x0, cs, m.radius, p, Config(), active=K)))(x0)
+    n_fric = int(fs_full.count)
     assert 0 < n_fric <= K < M and fs_comp.idx.shape[0] == K and int(fs_comp.count) == n_fric
     out = {}
     for name, fs, active in (("full", fs_full, None), ("compact", fs_comp, K)):
         ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT), friction=fs)
         problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=Config())
         projection = "exact" if exact else "projected"
-        g, hb = jax.jit(lambda x: gradient_and_blocks(x, problem, cs, projection=projection, active=active))(x)
-        phi = incremental_potential(x, problem, cs)
-        out[name] = (np.asarray(g), np.asarray(dense_hessian(hb)), float(phi), int(hb.n_active))
+        g, H, phi, n_active = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb), incremental_potential(
+            x, problem, cs), hb.n_active))(*gradient_and_blocks(x, problem, cs, projection=projection,
+                                                              active=active)))(x)
+        out[name] = (np.asarray(g), np.asarray(H), float(phi), int(n_active))
     (g_f, H_f, phi_f, _), (g_c, H_c, phi_c, n_act) = out["full"], out["compact"]
     print(f"{M} candidate rows, {n_act} active, {n_fric} with friction")
     assert n_fric <= n_act <= K

@@ -74,10 +74,15 @@ def test_fast_crossing_attempt_is_bounded_below_half():
     x = jnp.asarray(sc["x"])
     gap0 = float(sc["x"][0, 2]) - CFG.min_gap
     dx = jnp.zeros_like(x).at[0, 2].set(-2.0 * (gap0 + CFG.min_gap) - 1e-4)  # through the face
-    cs, _ = query_contacts(x, x + dx, m, CFG, C.initial_capacity(m.topology))
-    problem = step_problem(m, CFG, StepInputs(Params.film_defaults(), x, jnp.zeros_like(x),
-                                              Controls.empty(m.n_particles), jnp.asarray(DT)), cs)
-    a = float(step_bound(x, dx, cs, problem))
+
+    @jax.jit  # one program (op by op it was hundreds of small compilations)
+    def bound(x, dx):
+        cs, _ = query_contacts(x, x + dx, m, CFG, C.initial_capacity(m.topology))
+        problem = step_problem(m, CFG, StepInputs(Params.film_defaults(), x, jnp.zeros_like(x),
+                                                  Controls.empty(m.n_particles), jnp.asarray(DT)), cs)
+        return step_bound(x, dx, cs, problem)
+
+    a = float(bound(x, dx))
     assert 0.0 < a < 0.5
     # and a whole step at 20 m/s (8 cm per step through a 2 mm gap) keeps the gap
     fast = vertex_triangle_scene(speed=20.0)
@@ -174,16 +179,17 @@ def test_assembled_gradient_matches_autodiff_and_central_differences(cfg):
     x, x0 = jnp.asarray(x), jnp.asarray(x0)
     p = Params.film_defaults()
     cap = C.initial_capacity(m.topology)
-    cs, _ = query_contacts(x0, x, m, cfg, cap)
-    ctl = Controls.empty(6)._replace(
+    cs, _ = jax.jit(lambda a, b: query_contacts(a, b, m, cfg, cap))(x0, x)  # jitted: one program, not
+    ctl = Controls.empty(6)._replace(                                        # hundreds op by op
         support_index=jnp.array([1], jnp.int32), support_k=jnp.array([5.0]),
         support_target=jnp.array([[0.011, 0.001, 0.009]]))
     y = x0 + jnp.asarray(rng.normal(size=(6, 3))) * 1e-4
-    ctx = StepContext(x0=x0, y=y, dt=jnp.asarray(DT), friction=friction_set(x0, cs, m.radius, p, cfg))
+    ctx = StepContext(x0=x0, y=y, dt=jnp.asarray(DT),
+                      friction=jax.jit(lambda a: friction_set(a, cs, m.radius, p, cfg))(x0))
     assert float(jnp.max(ctx.friction.load)) > 0  # friction is active in this configuration
     problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=cfg)
-    phi = lambda z: incremental_potential(z, problem, cs)
-    g, H = gradient_and_hessian(x, problem, cs)
+    phi = jax.jit(lambda z: incremental_potential(z, problem, cs))
+    g, H = jax.jit(lambda z: gradient_and_hessian(z, problem, cs))(x)
     free = np.asarray(m.free_particles)
     g_ad = np.asarray(jax.grad(phi)(x))[free].reshape(-1)
     assert_nonzero(g)
