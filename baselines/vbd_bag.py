@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipcjax import runfolder
+from ipcjax.energies.membrane import lame_from_young
 from scenes.scene import ByName
 
 FRAME_DT = 1.0 / 240.0
@@ -94,9 +95,10 @@ def membrane_lame(E, nu, h):
     Args:
         E: Young's modulus, Pa. nu: Poisson's ratio. h: thickness, m.
     Returns:
-        (tri_ke, tri_ka) in N/m.
+        (tri_ke, tri_ka) in N/m: :func:`ipcjax.energies.membrane.lame_from_young`, the one
+        formula both solvers use.
     """
-    return E * h / (2.0 * (1.0 + nu)), E * h * nu / (1.0 - nu * nu)
+    return lame_from_young(E, nu, h)
 
 
 def edge_bending_stiffness(x_ref, edges, E, nu, h, *, scale=1.0):
