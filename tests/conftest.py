@@ -1,7 +1,8 @@
 """Test configuration: every test runs in float64 (derivative comparisons need it), the
 command-line jobs the tests start write no persistent compilation cache into the user's
-home (tests/test_compile_cache.py sets its own folders), and before each test the library's
-guard frees compiled programs when the process holds too many memory mappings."""
+home (tests/test_compile_cache.py sets its own folders), and before each test (before its
+fixtures) the library's guard frees compiled programs when the process holds too many
+memory mappings."""
 import os
 
 import jax
@@ -14,12 +15,16 @@ os.environ.setdefault("IPCJAX_COMPILATION_CACHE", "off")
 jax.config.update("jax_enable_x64", True)
 
 
-@pytest.fixture(autouse=True)
-def _free_compiled_programs_when_crowded():
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
     """Between tests, the library's guard frees JAX's compiled programs when the process
-    holds more than half of vm.max_map_count (ipcjax.compile_guard, issue #31)."""
+    holds more than half of vm.max_map_count (ipcjax.compile_guard, issue #31).
+
+    A hook that runs before any of the test's fixtures is set up, not an autouse fixture:
+    pytest sets up module-scoped fixtures before function-scoped ones, so a release from a
+    fixture came after a module fixture had compiled what its tests need, and threw that
+    away (a hypothesis example then spent its deadline recompiling)."""
     compile_guard.release_if_crowded()
-    yield
 
 
 def pytest_terminal_summary(terminalreporter, config):

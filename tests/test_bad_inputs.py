@@ -175,7 +175,14 @@ def two_sheets():
     x = np.concatenate([a, b])
     tris = np.concatenate([ta, tb + len(a)])
     model = build_model(x, tris, lumped_mass(x, tris))
-    check_geometry(model, x)  # apart: fine (and compiles the check once)
+    check_geometry(model, x)  # apart: fine
+    # the refusal the examples meet, once here, so that each example's deadline times the
+    # refusal and not the compilation of its checks
+    y = x.copy()
+    y[9:, 2] -= 0.01  # the second sheet in the first's plane
+    with pytest.raises(ValueError):
+        advance(model, Params.film_defaults(), make_state(y), Controls.empty(model.n_particles), 1 / 240,
+                config=Config())
     return model, x
 
 
