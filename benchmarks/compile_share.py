@@ -8,7 +8,8 @@ of the test's wall time is running, Python and I/O. Prints one line per test, sl
 and the totals; ``--json`` writes the per-test figures.
 
     python3 benchmarks/compile_share.py tests/test_fitting.py "tests/test_implicit.py::test_backward_solve_with_too_few_active_rows_uses_every_row"
-    python3 benchmarks/compile_share.py --slowest 27 docs/figures/durations.txt   # the node ids of a --durations list
+    python3 -m pytest -q -n 0 --durations=40 > durations.txt
+    python3 benchmarks/compile_share.py --slowest 27 durations.txt   # the 27 slowest of that listing
 
 With JAX's persistent compilation cache on (``JAX_COMPILATION_CACHE_DIR``), it also prints
 how many compilations the cache served.

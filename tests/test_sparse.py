@@ -160,9 +160,13 @@ def test_compacted_assembly_equals_the_full_one(active_system, exact):
         ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT), friction=fs)
         problem = StepProblem(model=m, params=p, controls=ctl, context=ctx, config=Config())
         projection = "exact" if exact else "projected"
-        g, H, phi, n_active = jax.jit(lambda x: (lambda g, hb: (g, dense_hessian(hb), incremental_potential(
-            x, problem, cs), hb.n_active))(*gradient_and_blocks(x, problem, cs, projection=projection,
-                                                              active=active)))(x)
+
+        @jax.jit
+        def assembled(x):
+            g, hb = gradient_and_blocks(x, problem, cs, projection=projection, active=active)
+            return g, dense_hessian(hb), incremental_potential(x, problem, cs), hb.n_active
+
+        g, H, phi, n_active = assembled(x)
         out[name] = (np.asarray(g), np.asarray(H), float(phi), int(n_active))
     (g_f, H_f, phi_f, _), (g_c, H_c, phi_c, n_act) = out["full"], out["compact"]
     print(f"{M} candidate rows, {n_act} active, {n_fric} with friction")
