@@ -2,7 +2,7 @@
 
     python3 -m benchmarks.bad_inputs [--skip-rollout] > table.md
 
-Command-line mistakes run as subprocesses (`python3 -m ipcjax.cli …`, timed from process
+Command-line mistakes run as subprocesses (`python3 -m jobs.cli …`, timed from process
 start, so the times include Python and JAX start-up); library mistakes run in this process.
 The last row forces a rollout's capacity too small under `jax.grad` and so includes one
 compilation (about a minute on 2 cores); `--skip-rollout` leaves it out. Prints a Markdown
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _cli(args):
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "ipcjax.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     msg = lines[-1] if lines else r.stdout.strip().splitlines()[-1]

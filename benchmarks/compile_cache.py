@@ -4,7 +4,7 @@
 
 Each job runs twice, each time in a fresh process, with ``IPCJAX_COMPILATION_CACHE`` set
 to a new empty folder, the cache turned on as the command line turns it on
-(:func:`ipcjax.compilation_cache.enable_compilation_cache`, then ``ipcjax.cli.main``):
+(:func:`ipcjax.compilation_cache.enable_compilation_cache`, then ``jobs.cli.main``):
 the first run compiles into the empty cache (cold), the second reads it back (warm).
 Jobs: ``bag`` — ``ipcjax bag`` resumed from the tie checkpoint for 3 steps (its
 summary.json's ``first_step_s`` and ``first_step_compilation_cache``); ``drape`` —
@@ -28,7 +28,7 @@ JOBS = {
     "drape": ["drape", "--steps", "5"],
 }
 RUN = ("import sys; from ipcjax.compilation_cache import enable_compilation_cache; enable_compilation_cache(); "
-       "from ipcjax.cli import main; sys.exit(main(sys.argv[1:]))")
+       "from jobs.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def run_job(job, cache, out):

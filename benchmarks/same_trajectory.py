@@ -28,8 +28,15 @@ TWO_STEPS_S = 0.00834  # s: rounds to 2 steps of 1/240 s
 KEYS = ("film", "spheres", "faces", "time")
 
 
+def _cli_module(tree: str) -> str:
+    """The command line's module in ``tree``: ``jobs.cli``, or ``ipcjax.cli`` in a tree from
+    before #32 moved it. Chosen by the file, not by trying the import: the editable install
+    would find this checkout's ``jobs`` for a tree that has none."""
+    return "jobs.cli" if os.path.isfile(os.path.join(tree, "jobs", "cli.py")) else "ipcjax.cli"
+
+
 def _run_bag(tree: str, out: str, resolution: str, until: float) -> None:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ipcjax.cli import main; "
+    code = (f"import sys; sys.path.insert(0, sys.argv[1]); from {_cli_module(tree)} import main; "
             "sys.exit(main(sys.argv[2:]))")
     argv = ["bag", "--resolution", resolution, "--until", repr(until), "--out", out,
             "--no-pictures", "--mesh-every", "0"]

@@ -6,7 +6,7 @@ judges it with the same code for both solvers: :func:`scenes.bag.measurements` o
 frames and :func:`ipcjax.audit.audit_trajectory` over them. Only the wall-time rate is read
 from each run's ``summary.json``, since it cannot be recomputed afterwards.
 
-``ipcjax compare`` (``ipcjax/cli.py``) is the command-line front end; docs/comparison.md
+``ipcjax compare`` (``jobs/cli.py``) is the command-line front end; docs/comparison.md
 shows its output for the coarse bag.
 """
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_ipcjax_fit_bag_writes_the_run_folder(lattice, tmp_path):
     """Two evaluations from the film default; the nodes folder is the module's, so the
     lattice runs the tests above made are reused (a fit reuses any finished run of the
     same start and parameters: fitting.bag_rest.node_folder)."""
-    from ipcjax.cli import main
+    from jobs.cli import main
 
     out = tmp_path / "fit"
     out.mkdir()

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from ipcjax.cli import main
+from jobs.cli import main
 
 
 def test_drape_job_writes_trajectory_summary_snapshots_and_meshes(tmp_path, capsys):
@@ -77,7 +77,7 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
 
 def test_help_lists_every_job_with_one_line_and_an_example(capsys):
     """`ipcjax --help`: each job, what it does and an example whose flags the job takes."""
-    from ipcjax.cli import JOBS
+    from jobs.cli import JOBS
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

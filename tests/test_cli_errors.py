@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ipcjax import runfolder
-from ipcjax.cli import main
+from jobs.cli import main
 
 BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8.50 s
 # generous for a loaded 2-core machine: the point is "before compiling" (a first step

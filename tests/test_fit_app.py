@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fitting import app
-from ipcjax.cli import main
+from jobs.cli import main
 from tests.test_fitting import compilations_of, xla_compilations
 
 

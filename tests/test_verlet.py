@@ -330,7 +330,7 @@ def test_fit_stiffness_recovers_known_stiffness():
 
 
 def test_main_writes_readable_mesh_sequence(tmp_path, capsys):
-    from ipcjax.cli import main
+    from jobs.cli import main
 
     out = tmp_path / "run"
     argv = ["verlet", "--n-grid", "5", "--steps", "12", "--save-every", "5", "--iterations", "4"]

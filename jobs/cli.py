@@ -1,8 +1,8 @@
-"""Command line: ``ipcjax drape | bag | fit | compare | verlet``.
+"""Command line: ``ipcjax drape | bag | fit | compare | verlet`` (also ``python3 -m jobs.cli``).
 
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
 ``scenes.bag_run``, ``fitting.app``, ``scenes.compare``, ``baselines.verlet``), imported
-lazily; this is the one place in ``ipcjax`` that imports them.
+lazily. The top layer: the one place that imports scenes/, fitting/ and baselines/ all.
 """
 from __future__ import annotations
 
