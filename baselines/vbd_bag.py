@@ -48,7 +48,8 @@ Mapping of the IPC scene onto VBD (docs/vbd.md has the reasoning)
 
 Needs the ``newton`` extra (``pip install -e '.[newton]'``); the pure-NumPy parts
 (:func:`membrane_lame`, :func:`edge_bending_stiffness`, :func:`frame_problem`) do not.
-``ipcjax compare`` puts a run of this driver beside an ``ipcjax bag`` run (scenes/compare.py).
+``ipcjax compare`` puts a run of this driver beside an ``ipcjax bag`` run (scenes/compare.py;
+``--run`` makes both runs: jobs/compare.py).
 """
 from __future__ import annotations
 

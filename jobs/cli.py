@@ -1,8 +1,8 @@
 """Command line: ``ipcjax drape | bag | fit | compare | verlet`` (also ``python3 -m jobs.cli``).
 
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
-``scenes.bag_run``, ``fitting.app``, ``scenes.compare``, ``baselines.verlet``), imported
-lazily. The top layer: the one place that imports scenes/, fitting/ and baselines/ all.
+``scenes.bag_run``, ``fitting.app``, ``jobs.compare``, ``baselines.verlet``), imported
+lazily. jobs/ is the top layer, the one that imports scenes/, fitting/ and baselines/ all.
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def _compare(argv):
     for flag, folder in (("--ipc", args.ipc), ("--vbd", args.vbd)):
         _check(folder is None or os.path.isdir(folder), f"{flag} {folder}: no such folder")
     runfolder.prepare(args.out)
-    from scenes.compare import compare_job, run_options
+    from jobs.compare import compare_job, run_options
     run = run_options(args.protocol, args.resolution, args.until, args.linear_solver) if args.run else None
     data = compare_job(args.out, ipc=args.ipc, vbd=args.vbd, at=args.at, run=run)  # errors: see main
     print("\n".join([data["table"], *data["notes"],

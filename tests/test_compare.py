@@ -1,4 +1,4 @@
-"""Side-by-side comparison of two bag runs (scenes/compare.py and `ipcjax compare`).
+"""Side-by-side comparison of two bag runs (scenes/compare.py, jobs/compare.py and `ipcjax compare`).
 
 Synthetic run folders in both solvers' formats (the IPC job's and the VBD driver's
 summary.json differ) hold the same built frames, among them edge-through-face crossings, so
@@ -181,9 +181,11 @@ def test_mismatched_meshes_are_refused(two_runs, tmp_path):
 
 
 def test_compare_run_defaults_follow_the_protocol():
-    o = C.run_options("short", None, None, "sparse")
+    from jobs.compare import run_options
+
+    o = run_options("short", None, None, "sparse")
     assert (o.protocol, o.resolution, o.until) == ("short", "full", 8.45)
-    o = C.run_options(None, None, None, "dense")
+    o = run_options(None, None, None, "dense")
     assert (o.protocol, o.resolution, o.until, o.linear_solver) == ("full", "coarse", 0.5, "dense")
-    o = C.run_options("full", "coarse", 2.0, "sparse")
+    o = run_options("full", "coarse", 2.0, "sparse")
     assert (o.protocol, o.resolution, o.until) == ("full", "coarse", 2.0)
