@@ -1,4 +1,4 @@
-"""Run folders: the one place that writes and checks what a job leaves on disk.
+"""Run folders: writing and checking what a job leaves on disk, for any scene.
 
 Every JSON file a job writes goes through :func:`write_json`, so the output is always
 valid JSON (RFC 8259 has no ``Infinity`` or ``NaN``): a non-finite float, such as the
@@ -7,8 +7,8 @@ the output folder and proves it writable *before* any simulation starts, so a ba
 ``--out`` costs nothing. :func:`read_npz` reads an ``.npz`` a job left (without pickle);
 :func:`write_trajectory` / :func:`read_trajectory` write and check ``trajectory.npz`` (film
 (T, N_f, 3), spheres (T, S, 3), faces, time (T,)), the one layout every bag run (IPC or a
-baseline) leaves, and :func:`write_state` / :func:`read_state` the ``state.npz`` that
-``ipcjax bag --resume`` continues from, so a bad file is refused before anything runs.
+baseline) leaves, so a bad file is refused before anything runs. A scene's own files build
+on these (the bag's ``state.npz``: :mod:`scenes.bag_run`).
 """
 from __future__ import annotations
 
@@ -162,58 +162,3 @@ def read_trajectory(path, what: str = "file", *, spheres: bool = True) -> Trajec
         raise ValueError(f"{what} {path}: need film (T, N, 3), spheres (T, S, 3) and time (T,) of one "
                          f"length; got {film.shape}, {None if sph is None else sph.shape}, {time.shape}")
     return Trajectory(film, sph, tr.get("faces"), time)
-
-
-STATE_KEYS = ("x", "v", "t", "step", "unfold_checked", "resolution")  # besides capture_* arrays
-
-
-def write_state(path, x, v, t: float, *, step: int, unfold_checked: bool, resolution: str,
-                captures: dict, protocol: str = "full") -> None:
-    """Write the state ``ipcjax bag --resume`` continues from: positions ``x`` and
-    velocities ``v`` (N, 3) in m and m/s, time ``t`` in s, the step index, whether the
-    unfold check has passed, the scene resolution, the protocol (``--protocol``) and
-    ``captures`` ({``capture_NAME``: array}, the choreography's recorded grab positions and
-    tie lengths)."""
-    np.savez(path, x=np.asarray(x), v=np.asarray(v), t=float(t), step=int(step),
-             unfold_checked=bool(unfold_checked), resolution=str(resolution), protocol=str(protocol),
-             **captures)
-
-
-def read_state(path, n_particles: int, resolution: str | None = None, what: str = "--resume") -> Arrays:
-    """Read a :func:`write_state` file and check it against the scene it will continue.
-
-    Checks: every key of :data:`STATE_KEYS`; ``resolution`` equal to the given one; ``x``
-    and ``v`` real, finite, shaped (``n_particles``, 3); ``t`` finite and ≥ 0; ``step`` an
-    integer ≥ 0; every ``capture_*`` array real and finite. Which captures a state must
-    hold depends on the choreography; the caller checks that.
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: one message naming the file and what
-            is wrong with it.
-    """
-    rs = read_npz(path, what)
-    where = f"{what} {path}"
-    missing = [k for k in STATE_KEYS if k not in rs]
-    if missing:
-        raise ValueError(f"{where}: not an `ipcjax bag` state file: missing {', '.join(missing)} "
-                         f"(it holds {', '.join(rs.files) or 'no arrays'})")
-    if resolution is not None and str(rs["resolution"]) != resolution:
-        raise ValueError(f"{where}: the state is for resolution {str(rs['resolution'])!r}, not {resolution!r}")
-    for k in ("x", "v"):
-        a = rs[k]
-        if a.shape != (n_particles, 3):
-            raise ValueError(f"{where}: {k} has shape {a.shape}; this scene needs ({n_particles}, 3)")
-    for k in [k for k in rs.files if k in ("x", "v", "t") or k.startswith("capture_")]:
-        a = rs[k]
-        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-            raise ValueError(f"{where}: {k} holds {a.dtype} values, not real numbers")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{where}: {k} is not finite ({int(np.size(a) - np.isfinite(a).sum())} "
-                             f"of its {np.size(a)} values)")
-    if rs["t"].shape != () or float(rs["t"]) < 0:
-        raise ValueError(f"{where}: t must be one time ≥ 0 s; got {rs['t'].tolist()}")
-    if rs["step"].shape != () or not np.issubdtype(rs["step"].dtype, np.integer) or int(rs["step"]) < 0:
-        raise ValueError(f"{where}: step must be one integer ≥ 0; got {rs['step'].tolist()}")
-    if rs["unfold_checked"].shape != () or rs["unfold_checked"].dtype != np.bool_:
-        raise ValueError(f"{where}: unfold_checked must be one true/false; got {rs['unfold_checked'].tolist()}")
-    return rs

@@ -4,7 +4,9 @@
 choreography with :func:`ipcjax.step.advance`, runs the unfold check when the unfold
 tracks end, checkpoints ``trajectory.npz`` and ``state.npz``, and writes the summary
 (measurements and self-intersection audit) and the pictures and meshes to the run folder,
-all through :mod:`ipcjax.runfolder`. ``ipcjax compare --run`` calls it as well.
+through :mod:`ipcjax.runfolder`. The bag's ``state.npz`` (positions, velocities, time,
+step, unfold check, resolution, protocol, choreography captures) is this module's own:
+:func:`write_state`, :func:`read_state`. ``ipcjax compare --run`` calls it as well.
 
 Inputs are checked before anything compiles; the messages name the command-line flags
 (``--resume``, ``--out``, ``--until``) that :class:`BagRunOptions` mirrors.
@@ -60,9 +62,68 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# --------------------------------------------------------------------------- state.npz
+
+
+STATE_KEYS = ("x", "v", "t", "step", "unfold_checked", "resolution")  # besides capture_* arrays
+
+
+def write_state(path, x, v, t: float, *, step: int, unfold_checked: bool, resolution: str,
+                captures: dict, protocol: str = "full") -> None:
+    """Write the state ``ipcjax bag --resume`` continues from: positions ``x`` and
+    velocities ``v`` (N, 3) in m and m/s, time ``t`` in s, the step index, whether the
+    unfold check has passed, the scene resolution, the protocol (``--protocol``) and
+    ``captures`` ({``capture_NAME``: array}, the choreography's recorded grab positions and
+    tie lengths)."""
+    np.savez(path, x=np.asarray(x), v=np.asarray(v), t=float(t), step=int(step),
+             unfold_checked=bool(unfold_checked), resolution=str(resolution), protocol=str(protocol),
+             **captures)
+
+
+def read_state(path, n_particles: int, resolution: str | None = None,
+               what: str = "--resume") -> runfolder.Arrays:
+    """Read a :func:`write_state` file and check it against the scene it will continue.
+
+    Checks: every key of :data:`STATE_KEYS`; ``resolution`` equal to the given one; ``x``
+    and ``v`` real, finite, shaped (``n_particles``, 3); ``t`` finite and ≥ 0; ``step`` an
+    integer ≥ 0; every ``capture_*`` array real and finite. Which captures a state must
+    hold depends on the choreography; the caller checks that.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: one message naming the file and what
+            is wrong with it.
+    """
+    rs = runfolder.read_npz(path, what)
+    where = f"{what} {path}"
+    missing = [k for k in STATE_KEYS if k not in rs]
+    if missing:
+        raise ValueError(f"{where}: not an `ipcjax bag` state file: missing {', '.join(missing)} "
+                         f"(it holds {', '.join(rs.files) or 'no arrays'})")
+    if resolution is not None and str(rs["resolution"]) != resolution:
+        raise ValueError(f"{where}: the state is for resolution {str(rs['resolution'])!r}, not {resolution!r}")
+    for k in ("x", "v"):
+        a = rs[k]
+        if a.shape != (n_particles, 3):
+            raise ValueError(f"{where}: {k} has shape {a.shape}; this scene needs ({n_particles}, 3)")
+    for k in [k for k in rs.files if k in ("x", "v", "t") or k.startswith("capture_")]:
+        a = rs[k]
+        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"{where}: {k} holds {a.dtype} values, not real numbers")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{where}: {k} is not finite ({int(np.size(a) - np.isfinite(a).sum())} "
+                             f"of its {np.size(a)} values)")
+    if rs["t"].shape != () or float(rs["t"]) < 0:
+        raise ValueError(f"{where}: t must be one time ≥ 0 s; got {rs['t'].tolist()}")
+    if rs["step"].shape != () or not np.issubdtype(rs["step"].dtype, np.integer) or int(rs["step"]) < 0:
+        raise ValueError(f"{where}: step must be one integer ≥ 0; got {rs['step'].tolist()}")
+    if rs["unfold_checked"].shape != () or rs["unfold_checked"].dtype != np.bool_:
+        raise ValueError(f"{where}: unfold_checked must be one true/false; got {rs['unfold_checked'].tolist()}")
+    return rs
+
+
 def read_bag_state(path, sc: BagScene, resolution: str):
     """The ``resume`` state, checked against this bag scene before anything runs: the
-    checks of :func:`ipcjax.runfolder.read_state`, its step index against its time, its
+    checks of :func:`read_state`, its step index against its time, its
     protocol (a state of the other protocol resumes only up to
     :data:`scenes.bag.SHARED_UNTIL`, where the two are the same; a state without one is of
     the full protocol), and the choreography captures (grab positions, tie lengths) that
@@ -72,7 +133,7 @@ def read_bag_state(path, sc: BagScene, resolution: str):
         FileNotFoundError, ValueError: one message naming the file and what is wrong.
     """
     ch, dt = sc.choreography, sc.dt
-    rs = runfolder.read_state(path, sc.model.n_particles, resolution)
+    rs = read_state(path, sc.model.n_particles, resolution)
     t, step = float(rs["t"]), int(rs["step"])
     _check(abs(step * dt - t) < STEP_TIME_TOL,
            f"--resume {path}: step {step} does not match t = {t:.6f} s (steps of {dt:.6f} s)")
@@ -183,9 +244,9 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         """trajectory.npz and state.npz; or only the state, to ``state_file``."""
         if state_file is None:
             runfolder.write_trajectory(traj_path, frames.trajectory())
-        runfolder.write_state(state_file or state_path, state.x, state.v, state.t, step=step_index,
-                              unfold_checked=unfold_checked, resolution=options.resolution,
-                              captures=choreo.captures_npz(), protocol=options.protocol)
+        write_state(state_file or state_path, state.x, state.v, state.t, step=step_index,
+                    unfold_checked=unfold_checked, resolution=options.resolution,
+                    captures=choreo.captures_npz(), protocol=options.protocol)
 
     n_run = n_total - step_index
     run_phases = [choreo.phase_at(k * dt) for k in range(step_index, n_total)]  # for the progress bar's ETA

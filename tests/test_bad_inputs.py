@@ -207,7 +207,7 @@ N_STATE = 12
 
 
 def _valid_state(path):
-    from ipcjax.runfolder import write_state
+    from scenes.bag_run import write_state
     x = np.linspace(0.0, 1.0, N_STATE * 3).reshape(N_STATE, 3)
     write_state(path, x, np.zeros_like(x), 0.5, step=120, unfold_checked=True, resolution="coarse",
                 captures={"capture_tie": np.ones(4)})
@@ -218,7 +218,7 @@ def _valid_state(path):
 def test_corrupt_or_truncated_state_files_are_refused_naming_the_file(tmp_path_factory, data):
     """A state file cut short, overwritten with junk, missing an array, or holding an array
     of the wrong shape, dtype or values gets one ValueError naming the file."""
-    from ipcjax.runfolder import read_state, write_state
+    from scenes.bag_run import read_state, write_state
     path = str(tmp_path_factory.mktemp("state") / "state.npz")
     _valid_state(path)
     read_state(path, N_STATE, "coarse")  # the untouched file reads

@@ -207,7 +207,7 @@ def test_bag_resume_refuses_a_state_of_the_other_protocol_after_they_part(capsys
     """BAG_STATE (8.50 s, written before states named their protocol: the full one) cannot
     continue the short protocol; a state from before 6.05 s, where both are the same, can."""
     from scenes.bag import SHARED_UNTIL, bag_scene
-    from scenes.bag_run import read_bag_state
+    from scenes.bag_run import read_bag_state, write_state
 
     refused(capsys, ["bag", "--resolution", "coarse", "--protocol", "short", "--resume", BAG_STATE,
                      "--out", str(tmp_path / "b")],
@@ -217,8 +217,8 @@ def test_bag_resume_refuses_a_state_of_the_other_protocol_after_they_part(capsys
     step = int(round(SHARED_UNTIL / (1 / 240)))
     caps = {k: v for k, v in d.items() if k.startswith("capture_") and k[8:] in ("place", "lift", "neck", "unfold")}
     early = tmp_path / "early.npz"
-    runfolder.write_state(early, d["x"], d["v"], step / 240, step=step, unfold_checked=True, resolution="coarse",
-                          captures=caps, protocol="full")
+    write_state(early, d["x"], d["v"], step / 240, step=step, unfold_checked=True, resolution="coarse",
+                captures=caps, protocol="full")
     sc = bag_scene("coarse", protocol="short")
     assert float(read_bag_state(early, sc, "coarse")["t"]) == pytest.approx(SHARED_UNTIL)
 
@@ -234,12 +234,14 @@ def test_the_reference_state_passes_the_checks():
 
 
 def test_write_state_round_trips_through_read_state(tmp_path):
+    from scenes.bag_run import read_state, write_state
+
     d = state_arrays()
     caps = {k: v for k, v in d.items() if k.startswith("capture_")}
     path = tmp_path / "state.npz"
-    runfolder.write_state(path, d["x"], d["v"], d["t"], step=d["step"], unfold_checked=d["unfold_checked"],
-                          resolution="coarse", captures=caps)
-    rs = runfolder.read_state(path, len(d["x"]), "coarse")
+    write_state(path, d["x"], d["v"], d["t"], step=d["step"], unfold_checked=d["unfold_checked"],
+                resolution="coarse", captures=caps)
+    rs = read_state(path, len(d["x"]), "coarse")
     assert sorted(rs.files) == sorted({*d, "protocol"}) and str(rs["protocol"]) == "full"
     for k in d:
         np.testing.assert_array_equal(rs[k], d[k])
