@@ -1,6 +1,8 @@
 """The jobs: the top layer, which starts everything below it.
 
-:mod:`jobs.cli` is the command line (``ipcjax JOB``). A job that needs two layers that
-do not import each other lives here too: :mod:`jobs.compare` runs the IPC bag (scenes/)
-and the VBD baseline (baselines/). The library ``ipcjax`` imports none of the layers above.
+The layers point down only, ``jobs`` → ``baselines`` → ``fitting`` → ``scenes`` →
+``ipcjax``: a module imports its own layer and those below, never one above
+(tests/test_layering.py; docs/design.md, "Layers"). :mod:`jobs.cli` is the command line
+(``ipcjax JOB``). A job that drives the IPC solver and a baseline side by side lives here
+too, as part of neither: :mod:`jobs.compare` (``ipcjax compare --run``).
 """
