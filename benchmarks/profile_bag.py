@@ -101,7 +101,7 @@ def profile_state(name, path, repeat):
     from ipcjax.step import (advance, check_geometry, make_state, recheck_rounded, step, step_problem,
                              validate_state)
     from scenes.bag import bag_scene
-    from scenes.bag_run import read_bag_state
+    from scenes.bag_run import read_bag_state, write_state
 
     t_wall0 = time.perf_counter()
     rs0 = np.load(path)
@@ -287,7 +287,7 @@ def profile_state(name, path, repeat):
     traj = runfolder.Trajectory(film, sph, sc.faces, np.arange(n_frames) * dt)
     with tempfile.TemporaryDirectory() as tmp:
         t_ckpt, _ = _timed(lambda: (runfolder.write_trajectory(os.path.join(tmp, "t.npz"), traj),
-                                    runfolder.write_state(os.path.join(tmp, "s.npz"), st.x, st.v, st.t, step=k0,
+                                    write_state(os.path.join(tmp, "s.npz"), st.x, st.v, st.t, step=k0,
                                                           unfold_checked=True, resolution=sc.resolution,
                                                           captures=choreo.captures_npz(), protocol="full")),
                            max(1, repeat // 2))
