@@ -218,7 +218,8 @@ def profile_state(name, path, repeat):
             tq += _timed(lambda: j_gaps(x, cs), repeat)[0]
             box, ref_x, ref_gap = (lo, hi), x, j_gaps(x, cs)
             requeries += 1
-        # the step bound and the line search over the reach set when it fits, over every row otherwise
+        # the step bound and the line search over the reach set when it fits; otherwise the
+        # solve stops with an overflow (counted here; the replay goes on over every row)
         tr, lb2 = _timed(lambda: j_lb(x, ref_x, ref_gap, cs), repeat)
         t, (sub, n_reach) = _timed(lambda: j_reach(dx, cs, lb2), repeat)
         tr += t
@@ -253,7 +254,7 @@ def profile_state(name, path, repeat):
     out["iteration"] = per_it
     out["replay"] = dict(iterates_equal_jitted_solve=same, requeries=requeries, line_search_trials=trials,
                          near_rows=near, reach_rows=reach, reference_retakes=retakes,
-                         reach_fallbacks_to_every_row=fallbacks,
+                         reach_overflows=fallbacks,
                          hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
                          padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
 

@@ -97,8 +97,8 @@ class Capacity(NamedTuple):
         iterate, friction stencils with a load at step start — which the assembly
         compacts out of all the candidate rows (the rest add exactly zero); the Newton
         loop also compacts the rows its step bound and line search need into that many
-        slots (:mod:`ipcjax.newton`). None: no compaction, every candidate row is
-        assembled and searched.
+        slots (:mod:`ipcjax.newton`); more rows than slots in either is an overflow.
+        None: no compaction, every candidate row is assembled and searched.
     None grids pick a size from the topology; any size is safe (too small only raises
     the overflow flag).
     """

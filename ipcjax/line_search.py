@@ -66,8 +66,8 @@ def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
     by the reference's lower bounds (docs/benchmarks.md).
 
     ``size`` (static): slots of the compacted set. Returns (contacts (size rows,
-    ``blocks`` None), count); the set is complete only when count ≤ size — the caller
-    must fall back to every row otherwise.
+    ``blocks`` None), count); the set is complete only when count ≤ size — otherwise the
+    Newton solve stops with a capacity overflow and the host grows the slots.
     """
     m2 = jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1)
     return compact_contacts(contacts, contacts.valid & (gap < dhat + 2.0 * jnp.sqrt(m2)), size)

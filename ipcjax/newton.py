@@ -31,9 +31,9 @@ and H; more rows inside d̂ than slots is a ``CAPACITY_OVERFLOW``, and the host 
 capacity). Steps 5 and 6 run over the rows whose bound is below d̂ + 2·max‖Δxᵢ‖ of their
 stencil (:func:`ipcjax.line_search.reach_contacts`): every other row has a barrier of
 exactly 0 and a step bound of exactly 1 along the whole segment, so bound and Φ are
-those over every row, Φ up to the order of its sum; when more rows can reach than the
-slots hold, that iteration's steps 5 and 6 use every candidate row. Each Armijo
-comparison takes Φ(x) on the same rows as its trial points.
+those over every row, Φ up to the order of its sum. More rows in reach than slots is a
+``CAPACITY_OVERFLOW`` like more rows inside d̂, and the host grows the slots to hold them.
+Each Armijo comparison takes Φ(x) on the same rows as its trial points.
 
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
@@ -209,13 +209,12 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
                 inside, lambda _: (s.contacts, st, s.box, ref_x, ref_gap), requery, None)
             if compact:
                 sub, n_reach = reach_contacts(dx, cs2, gap_lower_bound(x, rx2, rg2, cs2), dhat, active)
-
-                def over_reach(_):
-                    a0 = step_bound(x, dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
-                    phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
-                    return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
-
-                a0, a, k, ok, _ = jax.lax.cond(n_reach <= active, over_reach, lambda _: over_all_rows(cs2), None)
+                a0 = step_bound(x, dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
+                phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
+                a, k, ok, _ = armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
+                # more rows in reach than slots: the bound and Φ above missed some; stop with
+                # the overflow (the host grows the slots and redoes the step)
+                st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
             else:
                 a0, a, k, ok, _ = over_all_rows(cs2)
             bad = (~ok) | (slope >= 0)

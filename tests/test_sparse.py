@@ -10,7 +10,7 @@ from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, linear_solver
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import query_contacts
 from ipcjax.potential import (
-    ContactSet, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
+    ContactSet, contact_gaps, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
     hessian_block_diagonal, hessian_matvec, incremental_potential,
 )
 from ipcjax.problem import StepContext, StepProblem
@@ -192,6 +192,29 @@ def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
     # and the grown, compacted step lands where an uncompacted one does
     ref, rep_ref = advance(m, p, st, ctl, DT, config=Config(), capacity=cap._replace(active=None), validate=False)
     assert rep_ref.ok
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
+
+
+def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_every_row_does(active_system):
+    """A step whose slots hold the rows inside d̂ but not every row in reach of its first
+    directions stops with CAPACITY_OVERFLOW (its bound and line search would miss rows),
+    leaves the state alone, and the host grows the slots and ends where the uncompacted
+    step ends."""
+    sc, m, p, _, x0, _ = active_system
+    ctl = Controls.empty(m.n_particles, tolerance=1e-6)
+    st = make_state(x0)
+    cap0 = C.initial_capacity(m.topology)
+    g0 = np.asarray(jax.jit(lambda x: contact_gaps(x, query_contacts(x, x, m, Config(), cap0, skin=1.5e-3)[0],
+                                                   m.radius, Config().min_gap)[0])(x0))
+    n_in = int(np.sum(g0 < Config().dhat))
+    cap = cap0._replace(active=n_in + 2)
+    new, info = step(m, p, st, ctl, DT, config=Config(), capacity=cap)
+    assert int(info.code) == int(StepCode.CAPACITY_OVERFLOW) and int(info.n_active) > n_in + 2
+    np.testing.assert_array_equal(np.asarray(new.x), np.asarray(st.x))
+    out, rep = advance(m, p, st, ctl, DT, config=Config(), capacity=cap, validate=False)
+    ref, rep_ref = advance(m, p, st, ctl, DT, config=Config(), capacity=cap._replace(active=None), validate=False)
+    assert rep.ok and rep_ref.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
 
