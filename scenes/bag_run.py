@@ -251,7 +251,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     n_run = n_total - step_index
     run_phases = [choreo.phase_at(k * dt) for k in range(step_index, n_total)]  # for the progress bar's ETA
     bar = None  # started after the first step (see first_step_bar)
-    failure, reports, capacity = None, [], None
+    failure, reports, phases, capacity = None, [], [], None
     min_gap = np.inf
     wall0 = time.perf_counter()
     first_step_s = None  # wall of this run's first step, which includes the jit compilation
@@ -290,6 +290,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         state = state_new
         step_index += 1
         reports.append(rep)
+        phases.append(phase)
         min_gap = min(min_gap, rep.min_gap)
         if step_index % options.save_every == 0 or step_index == n_total:
             frames.add(state.x, float(state.t))
@@ -309,7 +310,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     summary = _summary(sc, options, frames.trajectory(), reports, dict(
         step_index=step_index, simulated_s=float(state.t), wall_s=wall, first_step_s=first_step_s,
         first_step_compilation_cache=first_step_cache, min_gap_m=float(min_gap), unfold_checked=unfold_checked,
-        failure=failure))
+        failure=failure, phases=phases))
     runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
     return BagRunResult(summary)
 
@@ -327,6 +328,20 @@ def _first_step_cache(before: dict) -> dict:
     compiled = now["requests"] - before["requests"] - hits
     return dict(dir=jax.config.jax_compilation_cache_dir or None, hits=hits, compiled=compiled,
                 warm=hits > 0 and compiled == 0)
+
+
+def iterations_by_phase(phases, iterations) -> dict:
+    """Newton iterations of this run's steps by choreography phase, in the order the phases
+    came: per phase the steps, the iterations, and a histogram {iterations per step: steps}."""
+    out: dict = {}
+    for ph, k in zip(phases, iterations):
+        d = out.setdefault(ph, dict(steps=0, iterations=0, histogram={}))
+        d["steps"] += 1
+        d["iterations"] += int(k)
+        d["histogram"][str(int(k))] = d["histogram"].get(str(int(k)), 0) + 1
+    for d in out.values():
+        d["histogram"] = dict(sorted(d["histogram"].items(), key=lambda kv: int(kv[0])))
+    return out
 
 
 def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, reports, run: dict) -> dict:
@@ -348,6 +363,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, r
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)
                                                  if n > 1 and first_step_s is not None else None),
         newton_iterations=int(sum(r.iterations for r in reports)),
+        newton_iterations_by_phase=iterations_by_phase(run["phases"], [r.iterations for r in reports]),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
         min_gap_m=run["min_gap_m"], unfold_checked=run["unfold_checked"], failure=run["failure"],
         measurements=measurements(film, sph, traj.time, sc),

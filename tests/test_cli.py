@@ -44,7 +44,8 @@ def test_drape_mesh_every_zero_writes_no_meshes(tmp_path):
 
 def test_bag_job_records_its_solver_and_first_step(tmp_path):
     """`ipcjax bag` (coarse, 3 steps): the sparse linear solve by default, the first step's
-    wall (jit compilation) split off the rate, no self-intersection."""
+    wall (jit compilation) split off the rate, the Newton iterations by phase, no
+    self-intersection."""
     out = tmp_path / "bag"
     rc = main(["bag", "--resolution", "coarse", "--until", str(3 / 240), "--out", str(out),
                "--mesh-every", "0", "--no-pictures"])
@@ -55,6 +56,11 @@ def test_bag_job_records_its_solver_and_first_step(tmp_path):
     assert s["wall_s_per_simulated_s_after_first_step"] == pytest.approx(
         (s["wall_s"] - s["first_step_s"]) / (2 / 240))
     assert s["audit"]["frames_with_self_intersection"] == 0
+    # the Newton iterations by phase add up to the total, one histogram entry per step
+    (phase, d), = s["newton_iterations_by_phase"].items()
+    assert phase == "place" and d["steps"] == 3 and d["iterations"] == s["newton_iterations"] > 0
+    assert sum(d["histogram"].values()) == 3
+    assert sum(int(k) * v for k, v in d["histogram"].items()) == d["iterations"]
     with pytest.raises(SystemExit):
         main(["bag", "--linear-solver", "lu", "--out", str(out)])
 
