@@ -136,7 +136,6 @@ cinch      7.40–9.40    every point of the two      50      CAPTURE → stars 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -144,6 +143,9 @@ import ipcjax  # noqa: F401  (enables float64)
 from ipcjax.model import Config, Controls, Params, build_model, check_params
 from scenes import measure
 from scenes.film import FILM_DENSITY, FILM_THICKNESS, lumped_mass
+from scenes.mesh import (  # the film meshes; their names stay importable from here
+    DISK_RADIUS, NECK_TO_RIM, POUCH_RADIUS, POUCH_RIM_POLAR, BagMesh, bag_mesh, neck_ring_of, pouch_mesh,
+    pouch_polar_angles, ring_index)
 from scenes.scene import ByName
 
 DT = 1.0 / 240.0
@@ -151,10 +153,6 @@ BIN_HEIGHT = 0.106
 BIN_HALF = 0.12
 SPHERE_RADII = (0.026, 0.026, 0.026, 0.012, 0.012, 0.012, 0.025)
 SPHERE_DENSITY = 250.0
-DISK_RADIUS = 0.24           # m: the flat disk of bag_mesh (the pouch scene's film)
-POUCH_RADIUS = 0.09          # m: the bag's reference shape, a sphere of this radius ...
-POUCH_RIM_POLAR = np.radians(160.0)  # ... from its bottom pole up to the rim at this polar angle
-NECK_TO_RIM = 0.030
 SET_DOWN = np.array([0.40, 0.0])
 TOL_MANIPULATION = 0.012e-3
 TOL_RELEASED = 0.0005e-3
@@ -238,125 +236,6 @@ CHECKPOINTS = PROTOCOLS["full"].checkpoints
 PHASES = PROTOCOLS["full"].phases
 
 CAPTURE = "capture"
-
-
-# --------------------------------------------------------------------------- mesh
-
-class BagMesh(NamedTuple):
-    x: np.ndarray          # (1 + R C, 3) reference positions (vertex 0 at the origin), m
-    triangles: np.ndarray  # (C + 2C(R − 1), 3) int32
-    ring_radius: np.ndarray  # (R + 1,) horizontal radius of ring r (ring 0 = centre), m
-    rings: int
-    columns: int
-    neck_ring: int
-    rim: np.ndarray        # (C,) indices of ring R
-    neck: np.ndarray       # (C,) indices of the neck ring
-
-
-def ring_index(ring: int, column, columns: int):
-    """Vertex index of (ring ≥ 1, column) in :func:`bag_mesh`'s numbering."""
-    return 1 + (ring - 1) * columns + np.mod(column, columns)
-
-
-def neck_ring_of(rings: int) -> int:
-    """The neck ring for a bag of ``rings`` rings: ring 11 of 15, same proportion otherwise."""
-    neck = int(round(11 * rings / 15))
-    return min(max(neck, 1), rings - 1)
-
-
-def _disk_triangles(rings: int, columns: int) -> np.ndarray:
-    """The disk topology: a fan round the centre, then two triangles per quad between
-    rings; the diagonal alternates with (ring + column) parity so the mesh has no spiral
-    bias. Counter-clockwise seen from +z when the rings lie flat."""
-    tris = []
-    for k in range(columns):
-        tris.append((0, ring_index(1, k, columns), ring_index(1, k + 1, columns)))
-    for r in range(1, rings):
-        for k in range(columns):
-            a, b = ring_index(r, k, columns), ring_index(r, k + 1, columns)
-            A, B = ring_index(r + 1, k, columns), ring_index(r + 1, k + 1, columns)
-            if (r + k) % 2 == 0:
-                tris += [(a, A, B), (a, B, b)]
-            else:
-                tris += [(a, A, b), (b, A, B)]
-    return np.asarray(tris, np.int32)
-
-
-def _check_rings(rings, columns):
-    if rings < 2 or columns < 3:
-        raise ValueError(f"a bag needs rings ≥ 2 and columns ≥ 3; got rings={rings}, columns={columns}")
-
-
-def _mesh(x, rr, rings, columns):
-    neck = neck_ring_of(rings)
-    return BagMesh(x=np.asarray(x, np.float64), triangles=_disk_triangles(rings, columns), ring_radius=rr,
-                   rings=rings, columns=columns, neck_ring=neck,
-                   rim=ring_index(rings, np.arange(columns), columns),
-                   neck=ring_index(neck, np.arange(columns), columns))
-
-
-def bag_mesh(rings: int = 15, columns: int = 32, radius: float = DISK_RADIUS,
-             neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
-    """Flat disk: a centre vertex and ``rings`` rings of ``columns`` points at z = 0.
-
-    Ring radii: rings neck…R equally spaced with (R − neck) edges summing to
-    ``neck_to_rim`` (m); rings 1…neck equally spaced from 0 to ``radius − neck_to_rim``.
-    (The pouch scene's film; the bag's film is :func:`pouch_mesh`, the same topology.)
-    """
-    _check_rings(rings, columns)
-    if not 0 < neck_to_rim < radius:
-        raise ValueError(f"need 0 < neck_to_rim < radius; got {neck_to_rim}, {radius}")
-    neck = neck_ring_of(rings)
-    r_neck = radius - neck_to_rim
-    rr = np.empty(rings + 1)
-    rr[: neck + 1] = np.linspace(0.0, r_neck, neck + 1)
-    rr[neck:] = np.linspace(r_neck, radius, rings - neck + 1)
-    ang = 2 * np.pi * np.arange(columns) / columns
-    x = [np.zeros(3)]
-    for r in range(1, rings + 1):
-        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.zeros(columns)], axis=1))
-    return _mesh(x, rr, rings, columns)
-
-
-def pouch_polar_angles(rings: int, radius: float = POUCH_RADIUS, rim_polar: float = POUCH_RIM_POLAR,
-                       neck_to_rim: float = NECK_TO_RIM) -> np.ndarray:
-    """(R + 1,) polar angle (rad, from the bottom pole) of each ring of :func:`pouch_mesh`:
-    rings neck…R equally spaced below ``rim_polar`` so that the chords along a column from
-    the neck ring to the rim sum to ``neck_to_rim``; rings 0…neck equally spaced from the
-    pole to the neck."""
-    neck = neck_ring_of(rings)
-    edge = neck_to_rim / (rings - neck)
-    if not 0 < edge < 2 * radius:
-        raise ValueError(f"neck_to_rim {neck_to_rim} m does not fit a sphere of radius {radius} m")
-    phi_neck = rim_polar - (rings - neck) * 2.0 * np.arcsin(edge / (2.0 * radius))
-    if not 0 < phi_neck < rim_polar < np.pi:
-        raise ValueError(f"need 0 < neck polar angle < rim polar angle < π; got rim_polar={rim_polar}, "
-                         f"neck_to_rim/radius={neck_to_rim / radius}")
-    phi = np.empty(rings + 1)
-    phi[: neck + 1] = np.linspace(0.0, phi_neck, neck + 1)
-    phi[neck:] = np.linspace(phi_neck, rim_polar, rings - neck + 1)
-    return phi
-
-
-def pouch_mesh(rings: int = 15, columns: int = 32, radius: float = POUCH_RADIUS,
-               rim_polar: float = POUCH_RIM_POLAR, neck_to_rim: float = NECK_TO_RIM) -> BagMesh:
-    """The bag's film: the disk topology of :func:`bag_mesh` laid on a sphere of ``radius``
-    (m) from its bottom pole (vertex 0, at z = 0) up to the rim at polar angle
-    ``rim_polar`` (rad): a round pouch open at the top.
-
-    Ring r lies at the polar angle of :func:`pouch_polar_angles`; along each column the
-    reference edges from the neck ring to the rim sum to ``neck_to_rim``. ``ring_radius``
-    holds each ring's horizontal radius.
-    """
-    _check_rings(rings, columns)
-    phi = pouch_polar_angles(rings, radius, rim_polar, neck_to_rim)
-    rr = radius * np.sin(phi)
-    ang = 2 * np.pi * np.arange(columns) / columns
-    x = [np.zeros(3)]
-    for r in range(1, rings + 1):
-        z = radius * (1.0 - np.cos(phi[r]))
-        x += list(np.stack([rr[r] * np.cos(ang), rr[r] * np.sin(ang), np.full(columns, z)], axis=1))
-    return _mesh(x, rr, rings, columns)
 
 
 # --------------------------------------------------------------------------- obstacles
