@@ -3,135 +3,22 @@ floor, seven spheres, and the placing / carrying / gathering / cinching / tying
 choreography as data.
 
 Built only from the library's public API (``build_model``, ``Params``, ``Controls``,
-``Config``, ``ipcjax.audit``).
+``Config``, ``ipcjax.audit``). SI units; z up; the floor is the plane z = 0.
 
-Geometry (SI units; z up; the floor is the plane z = 0)
-------------------------------------------------------
-* **Topology** (docs/spec.md §5 fixes it): vertex 0 is the centre; ring r = 1..R holds C
-  points at angles 2π c / C, vertex index 1 + (r − 1) C + c. Defaults R = 15, C = 32 give
-  481 vertices and C + 2C(R − 1) = 928 triangles; the rim is ring R (449–480) and the
-  neck ring is ring 11 (321–352). For other ring counts the neck ring is
-  ``round(11 R / 15)`` (R = 7 → ring 5), the same proportion. Along each column the four
-  reference edges from the neck ring to the rim sum to 0.030 m.
-* **Reference shape: a round pouch** (:func:`pouch_mesh`; docs/spec.md §5 leaves the
-  inner ring radii, hence the rest shape, open). The film's rest shape is a sphere of
-  radius 0.09 m (``POUCH_RADIUS``) from its bottom pole (vertex 0) up to the rim at a
-  polar angle of 160° (``POUCH_RIM_POLAR``): rings 11–15 are spaced so that their four
-  chords along a column are 7.5 mm each, rings 1–11 equally in polar angle from the pole
-  to the neck (140.9°). The neck ring then has a horizontal radius of 56.8 mm (11.1 mm
-  edges, 0.36 m round), 160 mm over the bottom; the rim 30.8 mm (a 61.6 mm mouth),
-  14.7 mm over the neck.
-  Why a pouch and not the flat disk this scene used first (radius 0.24 m, neck ring on a
-  0.21 m circle): a neck of about 40 mm has to gather its ring into that width. The flat
-  disk's neck ring is 1.32 m long in 41 mm edges and the film barely compresses
-  in-plane, so it could only get there by folding upright pleats about 40 mm tall; no
-  sequence of hands we tried made it do that without lifting or throwing out the 0.75 N
-  of contents (docs/validation.md, "Closing the neck"). The pouch's neck ring folds into
-  a star of 16 pleats round a 17 mm circle whose sides keep 95 % of their rest length.
-  Why this size: the seven spheres lie in one layer on its bottom (their top ≈ 73 mm
-  up once the bag stands on the floor), well below the neck, so the film above them can
-  gather; the mouth takes the 52 mm spheres one at a time with 4.8 mm to spare each
-  side; a smaller sphere or a lower rim left the neck ring level with the contents' top
-  and the cinch lifted the whole bag.
-* **Bin**: four vertical walls 106 mm tall around a 0.24 × 0.24 m footprint centred at
-  the origin, standing on the floor (the floor is the bin's bottom): room for the pouch
-  (0.18 m across). Walls are fixed triangles in ≈ 5 cm cells (zero-mass fixed vertices).
-* **Floor**: fixed triangles in 5 cm cells over x ∈ [−0.30, 0.75], y ∈ [−0.35, 0.35],
-  covering the bin and the set-down place at x = 0.40 m. Cells of ≈ 5 cm keep the broad
-  phase's grid from entering one huge obstacle box into thousands of cells.
-* **Spheres** (particles N_f … N_f + 6): radii 26, 26, 26, 12, 12, 12, 25 mm; masses
-  250 kg/m³ · 4πR³/3. They wait over the pouch's mouth, gravity cancelled through
-  ``Controls.force = −m g`` until their drop time, one above the other in drop order
-  (:func:`sphere_start`): the lowest centre at z = 0.24 m (the rim is at 0.205 m), 6 mm
-  surface gaps, each 3 mm off the axis at angles 0°, 120°, 240°, … so the heap does not
-  balance on a line.
-* The pouch starts in the bin, its bottom 30 mm over the floor (``POUCH_Z0``).
+* :func:`bag_scene` builds it as a :class:`BagScene`. Particles: film [0, N_f) (the
+  round pouch of :func:`scenes.mesh.pouch_mesh`, its bottom ``POUCH_Z0`` over the
+  floor), spheres [N_f, N_f + 7) (:func:`sphere_start`), then bin and floor vertices
+  (:func:`bin_and_floor`; fixed, zero mass).
+* :data:`PROTOCOLS` time the closing half: ``"full"`` (released at 9.40 s, end 10.50 s)
+  and ``"short"`` (released at 7.35 s, end 8.45 s), the same up to ``SHARED_UNTIL``.
+* :func:`make_choreography` writes the hands, ties and drops as tracks of
+  :mod:`scenes.choreography`; :func:`check_unfolded` is the unfold check at 6.05 s;
+  :func:`measurements` gives the docs/spec.md §5/§6 measurements of a saved trajectory.
 
-Choreography (``Choreography``; docs/spec.md §5 times, paths are our choice)
----------------------------------------------------------------------------
-Support tracks are rows of data: a name, [t_on, t_off), particle indices, a stiffness
-per particle (N/m), keyframes (time, targets) and optionally a fade. A keyframe's targets
-are an (n, 3) array; ``CAPTURE``, the supported points' positions when the track starts
-(a hand grabs the film where it is); :class:`Above`, points over other particles'
-positions at the start; or :class:`Ring`, a circle or star centred over the contents'
-xy centroid at the start, at a height measured from the floor, from the mean height of
-given particles (``level``) or from the contents' top, the highest sphere surface
-(``over_top``), all at the start. :meth:`Choreography.observe`
-records the positions when a track starts, so every path after the carry is placed
-relative to where the bag and its contents actually are. Between keyframes targets
-move along a smoothstep (zero velocity at each keyframe). A faded track's stiffness
-falls to zero along a smoothstep from ``fade_from`` to its end, so it lets go without a
-jolt. Every track has its own fixed block of support slots in ``Controls`` (k = 0 while
-inactive), so shapes never change across the run.
-
-=========  ===========  ==========================  ======  ==========================================
-track      time (s)     particles                   k N/m   path
-=========  ===========  ==========================  ======  ==========================================
-place      0.00–2.00    all rim points              20      CAPTURE → 25 mm lower (0.72 s), hold: the
-                                                            pouch hangs into the bin, its bottom on
-                                                            the floor
-lift       2.00–4.70    rim columns 0 and C/2       300     CAPTURE → up to z 0.40 and in to
-                                                            x = ±0.03 m (2.90) → over to x 0.40
-                                                            (3.70) → down to z 0.16 (4.50), hold:
-                                                            the bag stands on the floor
-neck       4.70–6.05    neck ring                   10      CAPTURE → its rest circle (r 56.8 mm)
-                                                            round the contents at its own mean
-                                                            height (5.40), hold
-unfold     4.70–6.05    all rim points              10      CAPTURE → its rest circle (r 30.8 mm),
-                                                            its rest height (14.7 mm) over the
-                                                            neck's (5.40), hold
-gather     6.05–7.40    all rim points              10      CAPTURE → a star round the contents at
-                                                            the rim's own mean height: even columns
-                                                            on r 25 mm, odd ones in where rim
-                                                            neighbours are 0.9 rest rim edges apart
-                                                            (7.10), hold
-flap       7.40–9.40    all rim points              20      CAPTURE → the gather's star 26 mm over
-                                                            the cinched neck band (8.40), hold;
-                                                            fades out from 9.00
-cinch      7.40–9.40    every point of the two      50      CAPTURE → stars round the contents:
-                        neck bands (rings 11, 10)           the neck band 30 mm over the contents'
-                                                            top, the lower band 0.9 of the rest band
-                                                            gap (20.1 mm) below; even columns on r
-                                                            17 mm, odd ones in where neighbours are
-                                                            0.95 rest ring edges apart, no nearer the
-                                                            axis than 4 mm (8.40), hold; fades out
-                                                            from 9.00
-=========  ===========  ==========================  ======  ==========================================
-
-* Why heights are taken from where the bag is, never from the floor: the bag weighs
-  2.7 g and its contents 76 g (0.75 N), while 32 hands of 10 N/m pulling 2 cm carry
-  6.4 N. A target a little above what the film reaches hoists the whole bag (an earlier
-  gather 35 mm over the neck lifted it 19 mm; a cinch held at the neck's height while
-  its ring closed pulled the bottom up 60 mm). The cinch height over the contents' top
-  (30 mm) is below what the closed film reaches (≈ 44 mm measured when it was hoisted).
-* Drops: sphere j (in the order 26, 26, 26, 12, 12, 12, 25 mm) gets gravity from
-  0.89 + j (1.60 − 0.89)/6 s.
-* Ties (``TieTrack``), active from 8.40 s: ½·250·(‖xᵢ − xⱼ‖ − Lᵢⱼ)² between each cinched
-  point and the point two columns on in its band (a closed loop through the pleats'
-  outer folds and one through their inner folds, like a string round the neck), and
-  between the two bands' points in the same column. Lᵢⱼ starts at the captured length at
-  8.40 s (no jolt) and follows a smoothstep to min(captured, target) by 8.75 s; targets:
-  the cinch stars' chords, and 0.9 of the band gap between bands. (Ties between
-  neighbouring points would not hold the neck closed: pleats open while keeping those
-  lengths.)
-* Tolerance: 0.012 mm until 9.40 s, 0.0005 mm after (all supports released).
-* **Two protocols** (:data:`PROTOCOLS`, ``ipcjax bag --protocol``). The table above is the
-  ``"full"`` one (docs/spec.md §5: released at 9.40 s, end 10.50 s, 2,520 steps). The
-  ``"short"`` one is the specification's earlier experiment (released at 7.35 s, end
-  8.45 s, 2,028 steps; docs/spec.md §9 compares it with Newton VBD). Its times are our
-  choice: the two are the same up to 6.05 s (``SHARED_UNTIL``), then the same tracks,
-  targets and stiffnesses run in about 40 % of the time: gather 6.05–6.55 s (star
-  reached at 6.45 s), cinch and flap 6.55–7.35 s (targets reached at 6.95 s), ties from
-  6.95 s at their target lengths by 7.10 s, cinch and flap hands fading out over
-  7.10–7.35 s. The tolerance tightens at the release, 7.35 s. A shorter unfold was not
-  tried: the unfold check at 6.05 s is the same in both.
-* Timing convention of :meth:`Choreography.controls_at` ``(step_index, t)``: t is the
-  step's start time. Activity (supports, ties, gravity cancellation, tolerance) is
-  decided at the start time; targets, fades and tie lengths are evaluated at the step's
-  end time t + dt, the instant the implicit step solves for.
-* The specification's check that all columns unfold upward (docs/spec.md §5,
-  :func:`check_unfolded`) runs when the unfold track ends (6.05 s): along every column,
-  z must increase strictly from the neck ring to the rim.
+The meshes (:mod:`scenes.mesh`) and the choreography engine (:mod:`scenes.choreography`)
+keep their old names here too (``scenes.bag.bag_mesh``, ``scenes.bag.Choreography``, …).
+The geometry, the table of tracks and why each choice was made: docs/design.md, "The bag
+scene".
 """
 from __future__ import annotations
 
@@ -270,8 +157,8 @@ def bin_and_floor(cell: float = 0.05):
 
 
 def sphere_start():
-    """(7, 3) sphere centres waiting over the pouch's mouth (see module docstring): one
-    above the other, each ``SPHERE_STACK_GAP`` over the one below, alternately
+    """(7, 3) sphere centres waiting over the pouch's mouth (docs/design.md, "The bag
+    scene"): one above the other, each ``SPHERE_STACK_GAP`` over the one below, alternately
     ``SPHERE_STACK_OFFSET`` to either side of the axis, the lowest at ``SPHERE_Z0``."""
     r = np.asarray(SPHERE_RADII)
     z = SPHERE_Z0 + np.concatenate([[0.0], np.cumsum(r[:-1] + r[1:] + SPHERE_STACK_GAP)])
@@ -294,7 +181,7 @@ def star_outer(columns: int, outer: float, edge: float) -> np.ndarray:
 
 def make_choreography(mesh: BagMesh, n_particles: int, sphere_index, sphere_mass, *, gravity=(0, 0, -9.81),
                       dt: float = DT, sphere_radius=SPHERE_RADII, protocol: str = "full") -> Choreography:
-    """The docs/spec.md §5 schedule for ``mesh`` (see the table in the module docstring);
+    """The docs/spec.md §5 schedule for ``mesh`` (the table in docs/design.md, "The bag scene");
     ``protocol`` names the :data:`PROTOCOLS` entry that times the gather, cinch, tie and release."""
     pr = protocol_named(protocol)
     C = mesh.columns

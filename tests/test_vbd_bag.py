@@ -128,7 +128,7 @@ def test_short_coarse_run_is_finite_spheres_wait_and_the_film_follows_supports(t
     assert np.isfinite(tr["film"]).all() and np.isfinite(tr["spheres"]).all()
     # gravity cancelled until the first drop at 0.89 s
     np.testing.assert_allclose(tr["spheres"][-1], tr["spheres"][0], atol=1e-6)
-    # the place hands lower the rim along their path (docs: scenes/bag.py, track "place")
+    # the place hands lower the rim along their path (docs/design.md, "The bag scene", track "place")
     from scenes.bag import PLACE_LOWER, bag_scene, smoothstep
     rim = bag_scene("coarse").rim
     drop = PLACE_LOWER * float(smoothstep(0.1 / 0.72))  # the hands' descent by 0.1 s (1.3 mm)
