@@ -4,7 +4,7 @@ Built only from the library's public API (``build_model``, ``Controls``, ``Param
 
 Geometry (SI units; z up; the fixed floor is the plane z = 0)
 ------------------------------------------------------------
-* **Film**: the disk topology of the bag (:func:`scenes.bag.bag_mesh`: a centre vertex
+* **Film**: the disk topology of the bag (:func:`scenes.mesh.bag_mesh`: a centre vertex
   and ``rings`` rings of ``columns`` points), 30 µm film with the bag's material
   (``Params.film_defaults()``), lumped masses at 0.02775 kg/m². Its rest shape is a
   pouch around the sphere (a thermoformed pouch: the rest shape is the start shape, so
@@ -56,10 +56,12 @@ import numpy as np
 import ipcjax  # noqa: F401  (enables float64)
 from ipcjax.candidates import Capacity
 from ipcjax.model import Config, Controls, Params, build_model, check_controls, check_dt
-from scenes.bag import SPHERE_DENSITY, bag_mesh, ring_index, smoothstep
+from scenes.bag import SPHERE_DENSITY
+from scenes.choreography import smoothstep
 from scenes.film import lumped_mass
 from scenes.measure import flap_height, neck_width
 from scenes.measure import shape as measure
+from scenes.mesh import bag_mesh, ring_index
 from scenes.scene import ByName
 
 __all__ = ["PouchScene", "pouch_scene", "pouch_profile", "neck_width", "flap_height", "measure"]
