@@ -163,14 +163,15 @@ def _path(keys, t):
 
 @dataclass
 class Choreography:
-    """The docs/spec.md §5 schedule as data, compiled into fixed-size :class:`Controls`.
+    """A schedule of tracks as data, compiled into fixed-size :class:`Controls` (the bag's,
+    docs/spec.md §5, is :func:`scenes.bag.make_choreography`).
 
     Support slots: the tracks' particles concatenated in table order (a particle may sit in
     several tracks' slots; each is inactive outside its track). Tie slots: the tie track's
     pairs. Captures are filled by :meth:`observe`: for a track whose keyframes depend on
     where the film is (``CAPTURE``, :class:`Above`, :class:`Ring`), all particle positions
-    (N, 3) when the track starts; for the tie, its pairs' lengths when it starts (8.40 s;
-    6.95 s in the short protocol).
+    (N, 3) when the track starts; for the tie, its pairs' lengths when it starts (in the
+    bag, 8.40 s; 6.95 s in the short protocol).
     """
 
     n_particles: int
