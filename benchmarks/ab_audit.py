@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from benchmarks.alternate import alternate, before_tree  # noqa: E402
 
 
 def worker(root, run, every, out):
@@ -64,24 +64,12 @@ def main(argv=None):
         return None
     if not args.before:
         ap.error("--before REV is required")
-    with tempfile.TemporaryDirectory() as tmp:
-        old = os.path.join(tmp, "before")
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", old, args.before], check=True)
-        try:
-            runs = {"before": [], "after": []}
-            for k in range(args.rounds):
-                for tree, root in (("before", old), ("after", ROOT)):
-                    out = os.path.join(tmp, f"{tree}{k}.npz")
-                    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", root, out,
-                                        "--run", run, "--every", str(args.every)],
-                                       capture_output=True, text=True, cwd=ROOT)
-                    if r.returncode != 0:
-                        raise SystemExit(f"{tree} round {k} failed:\n{r.stderr[-3000:]}")
-                    runs[tree].append(json.loads(r.stdout.strip().splitlines()[-1]))
-                    print(f"{tree} round {k}: {runs[tree][-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-            audits = {t: [dict(np.load(r.pop("audit"))) for r in runs[t]] for t in runs}
-        finally:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old], check=False)
+    with before_tree(args.before) as (tmp, old):
+        runs = alternate(old, args.rounds, lambda tree, root, k: [
+            os.path.abspath(__file__), "--worker", root, os.path.join(tmp, f"{tree}{k}.npz"), "--run", run,
+            "--every", str(args.every)], report=lambda tree, k, r: print(
+                f"{tree} round {k}: {r['wall_s']:.1f} s", file=sys.stderr, flush=True))
+        audits = {t: [dict(np.load(r.pop("audit"))) for r in runs[t]] for t in runs}
     same = all(np.array_equal(a[k], audits["before"][0][k]) for t in audits for a in audits[t] for k in a)
     b = min(r["wall_s"] for r in runs["before"])
     a = min(r["wall_s"] for r in runs["after"])

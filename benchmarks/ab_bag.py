@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from benchmarks.alternate import alternate, before_tree  # noqa: E402
 
 
 def worker(root, state, steps, out):
@@ -64,25 +64,13 @@ def main(argv=None):
     if not args.before:
         ap.error("--before REV is required")
     state = os.path.abspath(args.state)
-    with tempfile.TemporaryDirectory() as tmp:
-        old = os.path.join(tmp, "before")
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", old, args.before], check=True)
-        try:
-            runs = {"before": [], "after": []}
-            for k in range(args.rounds):
-                for tree, root in (("before", old), ("after", ROOT)):
-                    out = os.path.join(tmp, f"{tree}{k}")
-                    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", root, out,
-                                        "--state", state, "--steps", str(args.steps)],
-                                       capture_output=True, text=True, cwd=ROOT)
-                    if r.returncode != 0:
-                        raise SystemExit(f"{tree} round {k} failed:\n{r.stderr[-3000:]}")
-                    runs[tree].append(json.loads(r.stdout.strip().splitlines()[-1]))
-                    print(f"{tree} round {k}: {runs[tree][-1]['per_step_after_first_s']:.3f} s per step, "
-                          f"{runs[tree][-1]['newton_iterations']} Newton iterations", file=sys.stderr, flush=True)
-            films = {t: [np.load(r.pop("last_film")) for r in runs[t]] for t in runs}
-        finally:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old], check=False)
+    with before_tree(args.before) as (tmp, old):
+        runs = alternate(old, args.rounds, lambda tree, root, k: [
+            os.path.abspath(__file__), "--worker", root, os.path.join(tmp, f"{tree}{k}"), "--state", state,
+            "--steps", str(args.steps)], report=lambda tree, k, r: print(
+                f"{tree} round {k}: {r['per_step_after_first_s']:.3f} s per step, {r['newton_iterations']} Newton "
+                "iterations", file=sys.stderr, flush=True))
+        films = {t: [np.load(r.pop("last_film")) for r in runs[t]] for t in runs}
     b = min(r["per_step_after_first_s"] for r in runs["before"])
     a = min(r["per_step_after_first_s"] for r in runs["after"])
     out = dict(

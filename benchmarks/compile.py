@@ -84,28 +84,16 @@ def main(argv=None):
 
 def compare(args):
     """Before and after, alternated, each run in its own process; the ratios of the best."""
-    import subprocess
-    import tempfile
+    sys.path.insert(0, ROOT)
+    from benchmarks.alternate import alternate, before_tree
 
     keys = ("stablehlo_lines", "lower_s", "compile_s", "cold_s", "warm_s")
-    with tempfile.TemporaryDirectory() as tmp:
-        old = os.path.join(tmp, "before")
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", old, args.before], check=True)
-        try:
-            runs = {"before": [], "after": []}
-            for k in range(args.rounds):
-                for tree, root in (("before", old), ("after", ROOT)):
-                    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--tree", root, "--resolution",
-                                        args.resolution, "--steps", str(args.steps)],
-                                       capture_output=True, text=True, cwd=ROOT)
-                    if r.returncode != 0:
-                        raise SystemExit(f"{tree} round {k} failed:\n{r.stderr[-3000:]}")
-                    res = json.loads(r.stdout[r.stdout.index("{"):])
-                    runs[tree].append({key: res[key] for key in keys})
-                    print(f"{tree} round {k}: " + ", ".join(f"{key} {res[key]:.4g}" for key in keys),
-                          file=sys.stderr, flush=True)
-        finally:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old], check=False)
+    with before_tree(args.before) as (_, old):
+        runs = alternate(old, args.rounds, lambda tree, root, k: [
+            os.path.abspath(__file__), "--tree", root, "--resolution", args.resolution, "--steps", str(args.steps)],
+            parse=lambda out: {key: json.loads(out[out.index("{"):])[key] for key in keys},
+            report=lambda tree, k, r: print(f"{tree} round {k}: " + ", ".join(f"{key} {r[key]:.4g}" for key in keys),
+                                            file=sys.stderr, flush=True))
     best = {t: {key: min(r[key] for r in runs[t]) for key in keys} for t in runs}
     out = dict(before=args.before, resolution=args.resolution, rounds=args.rounds, load_average=os.getloadavg(),
                runs=runs, best=best, after_over_before={key: best["after"][key] / best["before"][key] for key in keys})

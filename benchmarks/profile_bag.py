@@ -187,7 +187,7 @@ def profile_state(name, path, repeat):
                                "skin_check_and_requery", "reach_set", "step_bound", "line_search")}
     x, cs, box = x0, cs0, (x0, x0)
     ref_x, ref_gap = x0, j_gaps(x0, cs0)
-    requeries, retakes, fallbacks, trials, nnz, coo, reach, near = 0, 0, 0, 0, [], [], [], []
+    requeries, retakes, overflows, trials, nnz, coo, reach, near = 0, 0, 0, 0, [], [], [], []
     for it in range(n_it):
         # the reference's lower bound, the rows it lets near d̂, retaken when too many
         tr0, lb = _timed(lambda: j_lb(x, ref_x, ref_gap, cs), repeat)
@@ -227,7 +227,7 @@ def profile_state(name, path, repeat):
         ls_cs = sub
         if int(n_reach) > active:
             ls_cs = cs
-            fallbacks += 1
+            overflows += 1
         tb, a0 = _timed(lambda: j_bound(x, dx, ls_cs, problem), repeat)
         slope = jnp.dot(g, dxf)
         tl, (a, k, ls_ok, _) = _timed(lambda: j_armijo(x, dx, ls_cs, problem, slope, a0), repeat)
@@ -254,7 +254,7 @@ def profile_state(name, path, repeat):
     out["iteration"] = per_it
     out["replay"] = dict(iterates_equal_jitted_solve=same, requeries=requeries, line_search_trials=trials,
                          near_rows=near, reach_rows=reach, reference_retakes=retakes,
-                         reach_overflows=fallbacks,
+                         reach_overflows=overflows,
                          hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
                          padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
 
