@@ -31,9 +31,14 @@ SHORT = {
 # Not run here: helpers, this runner, and scripts run by hand that print a table or a verdict
 # rather than JSON figures (their commands and output are in docs/: bad_inputs in
 # validation.md, gradient_tolerance and same_trajectory in benchmarks.md, bag_sweep — an
-# hour of bag runs — in differentiation.md).
-NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py",
-                  "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py", "bag_sweep.py"}
+# hour of bag runs — in differentiation.md); and the before/after comparisons of one
+# change against an earlier commit, the profiles and the long-process checks, each run by
+# hand with the command docs/benchmarks.md gives beside its figure.
+NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py", "alternate.py",
+                  "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py", "bag_sweep.py",
+                  "ab_audit.py", "ab_bag.py", "ab_tests.py", "compile_cache.py", "compile_grad.py",
+                  "compile_share.py", "many_jobs.py", "map_exhaustion.py", "map_sizes.py", "newton_start.py",
+                  "opt_level.py", "profile_bag.py"}
 
 
 def _json_of(stdout: str):
