@@ -9,10 +9,14 @@ each (round, tree) runs ``scenes.bag_run.run_bag`` of that tree, with the tree f
 no progress bar), in a fresh process. Rounds alternate before, after, before, after, …
 so that the machine's load falls on both alike. Timed: the stepping after the first step
 (``wall_s − first_step_s`` of the run's summary.json: the host driver with its jitted
-steps, without the first step's compilation), per step. Compared: the Newton iterations,
+steps, without the first step's compilation), per step; and the whole ``run_bag`` call
+(``run_bag_s``: scene, steps, checkpoints, the audit of every frame and the summary),
+with what lies outside the stepping loop (``outside_stepping_s``: the scene and the
+resumed state before it, the trajectory, the audit's wait and the summary after it). Compared: the Newton iterations,
 the last frame (largest difference of any film vertex, m), the smallest gap and the
 self-intersection audit. Prints JSON: every run, and after/before as the ratio of each
-tree's best per-step time (best: the run least disturbed by other work).
+tree's best per-step time and of its best ``run_bag_s`` (best: the run least disturbed by
+other work).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -37,8 +42,10 @@ def worker(root, state, steps, out):
     rs = np.load(state)
     dt = 1.0 / 240.0
     until = (int(rs["step"]) + steps) * dt
+    t0 = time.perf_counter()
     res = run_bag(BagRunOptions(out=out, resume=state, until=until, mesh_every=0, pictures=False, progress=False,
                                 checkpoint_every=10 ** 9))
+    run_bag_s = time.perf_counter() - t0
     s = res.summary
     film = np.load(os.path.join(out, "trajectory.npz"))["film"][-1]
     np.save(os.path.join(out, "last_film.npy"), film)
@@ -47,6 +54,8 @@ def worker(root, state, steps, out):
                 per_step_after_first_s=(s["wall_s"] - s["first_step_s"]) / max(n - 1, 1),
                 newton_iterations=s["newton_iterations"], min_gap_m=s["min_gap_m"],
                 frames_with_self_intersection=s["audit"]["frames_with_self_intersection"],
+                audit_min_film_film_m=s["audit"]["min_film_film_m"], run_bag_s=run_bag_s,
+                outside_stepping_s=run_bag_s - s["wall_s"],
                 failure=s["failure"], last_film=os.path.join(out, "last_film.npy"))
 
 
@@ -76,6 +85,8 @@ def main(argv=None):
     out = dict(
         before=args.before, state=args.state, steps=args.steps, rounds=args.rounds, load_average=os.getloadavg(),
         runs=runs, per_step_s=dict(before_best=b, after_best=a), after_over_before=a / b,
+        run_bag_after_over_before=(min(r["run_bag_s"] for r in runs["after"])
+                                   / min(r["run_bag_s"] for r in runs["before"])),
         last_frame_max_difference_m=float(np.max(np.abs(films["after"][0] - films["before"][0]))),
         last_frame_repeatable=dict(before=all(np.array_equal(f, films["before"][0]) for f in films["before"]),
                                    after=all(np.array_equal(f, films["after"][0]) for f in films["after"])),

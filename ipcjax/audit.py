@@ -3,9 +3,14 @@
 Host-side NumPy, independent of the solver's own contact code, so that it can judge
 the solver: a frame self-intersects when an edge of one film triangle passes through
 another film triangle that shares no vertex with it (edge through face).
+:class:`BackgroundAudit` runs the same audit in a worker process while a simulation is
+still producing its frames.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -163,3 +168,67 @@ def audit_trajectory(frames, film_triangles, sphere_index=(), sphere_radius=(), 
         min_film_film=np.array([r.min_film_film for r in res]),
         min_film_sphere=np.array([r.min_film_sphere for r in res]),
     )
+
+
+def merge_audits(parts) -> dict:
+    """One :func:`audit_trajectory` result from those of consecutive runs of frames."""
+    parts = list(parts)
+    cat = lambda key, dtype: np.concatenate([np.asarray(p[key], dtype) for p in parts]) if parts else np.zeros(0, dtype)
+    return dict(frames=sum(p["frames"] for p in parts),
+                frames_with_self_intersection=sum(p["frames_with_self_intersection"] for p in parts),
+                intersecting_pairs=cat("intersecting_pairs", np.int64),
+                min_film_film=cat("min_film_film", np.float64),
+                min_film_sphere=cat("min_film_sphere", np.float64))
+
+
+class BackgroundAudit:
+    """:func:`audit_trajectory` of frames handed over one at a time, run in a worker process.
+
+    A simulation's host driver keeps one of the two cores of a small machine busy, and
+    the audit of its frames is independent of the stepping. ``add`` collects frames and
+    hands every ``chunk`` of them to one worker process (``spawn``: JAX's threads make
+    ``fork`` unsafe; a few seconds to start), so that at the end only the last chunk is
+    left to wait for; :meth:`result` audits what is left and returns exactly what
+    ``audit_trajectory`` of all frames in order returns. A worker that fails raises its
+    error from :meth:`result`; nothing is dropped. Use it as a context manager, or call
+    :meth:`close`, so that the worker stops when the run does.
+    """
+
+    def __init__(self, film_triangles, sphere_index=(), sphere_radius=(), search=5e-3, *, chunk: int = 24):
+        if chunk < 1:
+            raise ValueError(f"chunk must be ≥ 1 frame, got {chunk}")
+        self._args = (np.asarray(film_triangles), np.asarray(sphere_index), np.asarray(sphere_radius), search)
+        self._chunk = int(chunk)
+        self._pending, self._futures, self.frames = [], [], 0
+        # at the lowest priority: it takes the cycles the stepping leaves, not the stepping's
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=os.nice, initargs=(19,))
+
+    def add(self, frame) -> None:
+        """One frame (N, 3), the next in the trajectory's order."""
+        self._pending.append(np.array(frame, copy=True))
+        self.frames += 1
+        if len(self._pending) >= self._chunk:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self._pending:
+            self._futures.append(self._pool.submit(audit_trajectory, np.stack(self._pending), *self._args))
+            self._pending = []
+
+    def result(self) -> dict:
+        """The audit of every frame added, in order (waits for the worker)."""
+        self._submit()
+        out = merge_audits(f.result() for f in self._futures)
+        if out["frames"] != self.frames:
+            raise RuntimeError(f"background audit: {out['frames']} frames audited of {self.frames} added")
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -175,17 +176,23 @@ def read_bag_trajectory(path, sc: BagScene) -> runfolder.Trajectory:
 
 
 class _Frames:
-    """The saved frames of a bag run, kept on the host."""
+    """The saved frames of a bag run, kept on the host, each handed to ``audit`` (an
+    :class:`ipcjax.audit.BackgroundAudit` of film then spheres) as it comes."""
 
-    def __init__(self, sc: BagScene):
-        self.sc = sc
+    def __init__(self, sc: BagScene, audit):
+        self.sc, self.audit = sc, audit
         self.film, self.spheres, self.time = [], [], []
 
     def add(self, x, t: float) -> None:
         x = np.asarray(x)
-        self.film.append(x[self.sc.film])
-        self.spheres.append(x[self.sc.spheres])
-        self.time.append(float(t))
+        self.extend([x[self.sc.film]], [x[self.sc.spheres]], [t])
+
+    def extend(self, film, spheres, times) -> None:
+        for f, s, t in zip(film, spheres, times):
+            self.film.append(f)
+            self.spheres.append(s)
+            self.time.append(float(t))
+            self.audit.add(np.concatenate([f, s]))
 
     def trajectory(self) -> runfolder.Trajectory:
         return runfolder.Trajectory(np.stack(self.film), np.stack(self.spheres), self.sc.faces,
@@ -209,15 +216,14 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     """
     from ipcjax import step as ipc_step
     from ipcjax import compile_guard
-    from scenes.bag import PROTOCOLS, UnfoldIncomplete, bag_scene, check_unfolded
+    from ipcjax.audit import BackgroundAudit
+    from scenes.bag import bag_scene
 
     compile_guard.release_if_crowded()
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
                    params=options.params)
-    choreo, dt = sc.choreography, sc.dt
-    checkpoints = PROTOCOLS[options.protocol].checkpoints
+    dt = sc.dt
     until = sc.t_end if options.until is None else options.until
-    t_unfold_end = choreo.track("unfold").t_off
 
     step_index, unfold_checked = 0, False
     if options.resume:
@@ -230,13 +236,36 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     _check(n_total > step_index, f"--until {until:g} s leaves no step to run after t = "
                                  f"{float(state.t):.4f} s (one step is {dt:.6f} s)")
     runfolder.prepare(options.out)
+    # the self-intersection audit of the summary runs in a worker process beside the stepping
+    with BackgroundAudit(sc.faces, np.arange(len(sc.film), len(sc.film) + len(sc.spheres)),
+                         sc.sphere_radius) as audit:
+        return _run(options, sc, _Start(state, step_index, unfold_checked, n_total), _Frames(sc, audit))
+
+
+class _Start(NamedTuple):
+    """Where run_bag's stepping starts (checked) and where it ends."""
+
+    state: object          # ipcjax.model.State
+    step_index: int
+    unfold_checked: bool
+    n_total: int           # the step index to end at
+
+
+def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -> BagRunResult:
+    """run_bag's stepping loop, checkpoints and summary, from a checked start."""
+    from ipcjax import step as ipc_step
+    from scenes.bag import PROTOCOLS, UnfoldIncomplete, check_unfolded
+
+    choreo, dt = sc.choreography, sc.dt
+    state, step_index, unfold_checked, n_total = start
+    checkpoints = PROTOCOLS[options.protocol].checkpoints
+    t_unfold_end = choreo.track("unfold").t_off
     traj_path = os.path.join(options.out, "trajectory.npz")
     state_path = os.path.join(options.out, "state.npz")
-    frames = _Frames(sc)
     if options.resume and os.path.exists(traj_path):
         tr = read_bag_trajectory(traj_path, sc)
         keep = tr.time <= float(state.t) + EPS_T
-        frames.film, frames.spheres, frames.time = list(tr.film[keep]), list(tr.spheres[keep]), list(tr.time[keep])
+        frames.extend(tr.film[keep], tr.spheres[keep], tr.time[keep])
     if not frames.time or frames.time[-1] < float(state.t) - EPS_T:
         frames.add(state.x, float(state.t))
 
@@ -307,7 +336,7 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     if failure:
         print(f"bag: stopped in phase {failure['phase']!r} at t = {failure['time_s']:.4f} s: {failure['reason']}",
               file=sys.stderr)
-    summary = _summary(sc, options, frames.trajectory(), reports, dict(
+    summary = _summary(sc, options, frames.trajectory(), frames.audit.result(), reports, dict(
         step_index=step_index, simulated_s=float(state.t), wall_s=wall, first_step_s=first_step_s,
         first_step_compilation_cache=first_step_cache, min_gap_m=float(min_gap), unfold_checked=unfold_checked,
         failure=failure, phases=phases))
@@ -344,14 +373,13 @@ def iterations_by_phase(phases, iterations) -> dict:
     return out
 
 
-def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, reports, run: dict) -> dict:
-    """summary.json of a bag run: timings, Newton statistics, measurements, audit, outputs."""
-    from ipcjax.audit import audit_trajectory
+def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, audit: dict, reports,
+             run: dict) -> dict:
+    """summary.json of a bag run: timings, Newton statistics, measurements, ``audit`` (of
+    every frame of ``traj``: :func:`ipcjax.audit.audit_trajectory`), outputs."""
     from scenes.bag import measurements
 
     film, sph = traj.film, traj.spheres
-    audit = audit_trajectory(np.concatenate([film, sph], axis=1), sc.faces,
-                             np.arange(film.shape[1], film.shape[1] + sph.shape[1]), sc.sphere_radius)
     wall, first_step_s, n = run["wall_s"], run["first_step_s"], len(reports)
     summary = dict(
         resolution=options.resolution, protocol=options.protocol,

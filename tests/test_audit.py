@@ -2,7 +2,10 @@
 import ipctk
 import numpy as np
 
-from ipcjax.audit import _box_pairs, audit_frame, audit_trajectory, edge_face_intersections, segment_triangle_intersect
+import pytest
+
+from ipcjax.audit import (BackgroundAudit, _box_pairs, audit_frame, audit_trajectory, edge_face_intersections,
+                          segment_triangle_intersect)
 from scenes.film import film_grid
 
 
@@ -81,3 +84,56 @@ def test_audit_trajectory_counts_frames_and_distances():
     fa = audit_frame(np.vstack([x_ok, c]), tris, sphere_index=[len(x_ok)], sphere_radius=[0.015])
     ref = min(np.sqrt(ipctk.point_triangle_distance(c[0], *x_ok[t])) for t in tris) - 0.015
     assert abs(fa.min_film_sphere - ref) < 1e-12
+
+
+def test_background_audit_equals_the_audit_of_all_frames_and_never_drops_a_failure():
+    """Frames handed to a worker process a few at a time give audit_trajectory's result for
+    all of them in order (a self-intersecting frame, sphere distances, a last partial
+    chunk); a worker's error reaches the caller; a chunk below one frame is refused."""
+    x_ok, tris = _folded_sheet(1e-3)
+    c = np.array([[0.0, 0.0, 0.02]])
+    rng = np.random.default_rng(2)
+    frames = [np.vstack([x_ok + rng.normal(size=x_ok.shape) * 1e-5 * k, c]) for k in range(7)]
+    frames[4][50, 2] = -1e-3  # one frame pushes a vertex through the other layer
+    ref = audit_trajectory(np.stack(frames), tris, [len(x_ok)], [0.015])
+    assert ref["frames_with_self_intersection"] == 1
+    with BackgroundAudit(tris, [len(x_ok)], [0.015], chunk=3) as bg:
+        for f in frames:
+            bg.add(f)
+        out = bg.result()
+    assert set(out) == set(ref)
+    for key in ref:
+        assert np.array_equal(out[key], ref[key]), key
+    with BackgroundAudit(tris + 1000, chunk=2) as bg:  # triangles index past the frame
+        bg.add(frames[0])
+        with pytest.raises(ValueError, match="indexes vertex 1007 but there are only 73 vertices"):
+            bg.result()
+    with pytest.raises(ValueError, match="chunk must be ≥ 1 frame"):
+        BackgroundAudit(tris, chunk=0)
+
+
+def test_bag_run_frames_reach_the_audit_in_trajectory_order():
+    """scenes.bag_run's frame store hands a resumed trajectory's frames, then each new one,
+    to the background audit as film then spheres: its result is the audit of the
+    trajectory the run writes."""
+    from types import SimpleNamespace
+
+    from scenes.bag_run import _Frames
+
+    x_ok, tris = _folded_sheet(1e-3)
+    n = len(x_ok)
+    sc = SimpleNamespace(film=np.arange(n), spheres=np.array([n]), faces=tris)
+    rng = np.random.default_rng(3)
+    xs = [np.vstack([x_ok + rng.normal(size=x_ok.shape) * 1e-5, [[0.0, 0.0, 0.02 + 1e-3 * k]]]) for k in range(5)]
+    xs[1][50, 2] = -1e-3  # a resumed frame that self-intersects
+    with BackgroundAudit(tris, [n], [0.015], chunk=2) as bg:
+        frames = _Frames(sc, bg)
+        frames.extend([x[:n] for x in xs[:3]], [x[n:] for x in xs[:3]], [0.0, 0.1, 0.2])  # the resumed part
+        for k in (3, 4):
+            frames.add(xs[k], 0.1 * k)
+        out = bg.result()
+    traj = frames.trajectory()
+    ref = audit_trajectory(np.concatenate([traj.film, traj.spheres], axis=1), tris, [n], [0.015])
+    assert out["frames"] == 5 and out["frames_with_self_intersection"] == 1
+    for key in ref:
+        assert np.array_equal(out[key], ref[key]), key
