@@ -84,6 +84,7 @@ def _bag(argv):
 
 def _fit(argv):
     from fitting import app
+    from jobs import fit as fit_jobs
 
     ap = argparse.ArgumentParser(prog="ipcjax fit", description=(
         "Fit material parameters to measured shapes with optax and implicit gradients. Default scene (pouch): a "
@@ -93,7 +94,7 @@ def _fit(argv):
         "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, smoothed over runs from "
         "the tie checkpoint (--state) to 10.50 s on a lattice in the parameters, against the specification's "
         "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
-        "film's tip height, one parameter, adam. The jobs are in fitting/app.py."))
+        "film's tip height, one parameter, adam. The jobs are in fitting/app.py, their flags' checks in jobs/fit.py."))
     ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
     for flag, kw in (("--state", dict(help="bag: state.npz to start from (default tests/data/bag_full_tie.npz)")),
                      ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
@@ -130,9 +131,8 @@ def _fit(argv):
             args.out, args.param or "bending_scale", target=args.target, start=args.start, steps=args.steps,
             iterations=80 if args.iterations is None else args.iterations, lr=args.lr, progress=not args.quiet)))
         return 0
-    if args.scene == "bag" and args.window is None:
-        return app.bag_rest_command(args, ap.error)
-    return app.shape_fit_command(args, ap.error)
+    job = fit_jobs.bag_rest_job if args.scene == "bag" and args.window is None else fit_jobs.shape_fit_job
+    return job(args, ap.error)
 
 
 def _compare(argv):
