@@ -12,9 +12,9 @@ so that the machine's load falls on both alike. Timed: the stepping after the fi
 steps, without the first step's compilation), per step; and the whole ``run_bag`` call
 (``run_bag_s``: scene, steps, checkpoints, the audit of every frame and the summary),
 with what lies outside the stepping loop (``outside_stepping_s``: the scene and the
-resumed state before it, the trajectory, the audit's wait and the summary after it). Compared: the Newton iterations,
-the last frame (largest difference of any film vertex, m), the smallest gap and the
-self-intersection audit. Prints JSON: every run, and after/before as the ratio of each
+resumed state before it, the trajectory, the audit's wait and the summary after it).
+Compared: the Newton iterations, the last frame (largest difference of any film vertex,
+m), the smallest gap and the self-intersection audit. Prints JSON: every run, and after/before as the ratio of each
 tree's best per-step time and of its best ``run_bag_s`` (best: the run least disturbed by
 other work).
 """

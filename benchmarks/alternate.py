@@ -24,6 +24,14 @@ def before_tree(rev):
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old], check=False)
 
 
+def add_tree_arguments(ap, what: str) -> None:
+    """The flags of a script that measures one tree or compares two: ``--tree`` (the
+    checkout whose ``what`` it measures), ``--before REV`` and ``--rounds``."""
+    ap.add_argument("--tree", default=ROOT, help=f"the checkout whose {what} (default: this one)")
+    ap.add_argument("--before", help="git revision: compare its library with this tree's, each in its own process")
+    ap.add_argument("--rounds", type=int, default=2, help="with --before: alternated rounds")
+
+
 def last_json_line(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
 

@@ -27,15 +27,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.alternate import add_tree_arguments, alternate, before_tree  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--resolution", choices=["full", "coarse"], default="full")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--tree", default=ROOT, help="the checkout whose library is compiled (default: this one)")
-    ap.add_argument("--before", help="git revision: compare its library with this tree's, each in its own process")
-    ap.add_argument("--rounds", type=int, default=2, help="with --before: alternated rounds")
+    add_tree_arguments(ap, "library is compiled")
     args = ap.parse_args(argv)
     if args.before:
         return compare(args)
@@ -84,9 +84,6 @@ def main(argv=None):
 
 def compare(args):
     """Before and after, alternated, each run in its own process; the ratios of the best."""
-    sys.path.insert(0, ROOT)
-    from benchmarks.alternate import alternate, before_tree
-
     keys = ("stablehlo_lines", "lower_s", "compile_s", "cold_s", "warm_s")
     with before_tree(args.before) as (_, old):
         runs = alternate(old, args.rounds, lambda tree, root, k: [

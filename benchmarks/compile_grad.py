@@ -21,15 +21,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.alternate import add_tree_arguments, alternate, before_tree  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=4, help="film vertices per side")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--tree", default=ROOT, help="the checkout whose library is compiled (default: this one)")
-    ap.add_argument("--before", help="git revision: compare its library with this tree's, each in its own process")
-    ap.add_argument("--rounds", type=int, default=2, help="with --before: alternated rounds")
+    add_tree_arguments(ap, "library is compiled")
     args = ap.parse_args(argv)
     if args.before:
         return compare(args)
@@ -68,8 +68,6 @@ def main(argv=None):
 
 
 def compare(args):
-    from alternate import alternate, before_tree
-
     argv = lambda tree, root, k: [os.path.abspath(__file__), "--tree", root, "--n", str(args.n),
                                   "--steps", str(args.steps)]
     report = lambda tree, k, r: print(f"round {k + 1} {tree}: {r['stablehlo_lines']} lines, lower "

@@ -33,8 +33,8 @@ def three_mm(text, error):
 
 def bag_rest_job(args, error) -> int:
     """``ipcjax fit --scene bag`` without --window, from its parsed flags: the rest-shape
-    fit (:func:`fitting.app.fit_bag_rest`); ``error`` reports a usage error (argparse's). Returns the
-    exit status: 0 with a fitted value, 1 when the fit failed or the answer lies outside
+    fit (:func:`fitting.app.fit_bag_rest`); ``error`` reports a usage error (argparse's).
+    Returns the exit status: 0 with a fitted value, 1 when the fit failed or the answer lies outside
     the model's reach (both said on stderr and in fit.json)."""
     if args.joint:
         error("--scene bag fits one parameter (--param) or two (--pair), not --joint")
