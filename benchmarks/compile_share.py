@@ -5,7 +5,8 @@ Runs the given tests in this one process (``pytest -n 0``) with a plugin that su
 monitoring events per test: ``backend_compile_duration`` (XLA compiling a program),
 ``jaxpr_trace_duration`` + ``jaxpr_to_mlir_module_duration`` (tracing and lowering); the rest
 of the test's wall time is running, Python and I/O. Prints one line per test, slowest first,
-and the totals; ``--json`` writes the per-test figures.
+and the totals; ``--programs N`` adds each test's N longest compilations by function name;
+``--json`` writes the per-test figures.
 
     python3 benchmarks/compile_share.py tests/test_fitting.py "tests/test_implicit.py::test_backward_solve_with_too_few_active_rows_uses_every_row"
     python3 -m pytest -q -n 0 --durations=40 > durations.txt
@@ -25,6 +26,8 @@ import os
 import re
 import sys
 import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,24 +51,24 @@ class CompileShare:
         elif event == "/jax/compilation_cache/cache_hits":
             self.cache["hits"] += 1
 
-    def _listen(self, event, secs, **_):
+    def _listen(self, event, secs, fun_name="", **_):
         if self.current is None:
             return
         row = self.rows.setdefault(self.current, {"compile_s": 0.0, "compilations": 0, "trace_s": 0.0})
         if event == COMPILE:
             row["compile_s"] += secs
             row["compilations"] += 1
+            row.setdefault("programs", []).append((secs, fun_name))
         elif event in TRACE:
             row["trace_s"] += secs
 
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         self.current, t = item.nodeid, time.perf_counter()
         self.rows.setdefault(item.nodeid, {"compile_s": 0.0, "compilations": 0, "trace_s": 0.0})
         yield
         self.rows[item.nodeid]["wall_s"] = time.perf_counter() - t
         self.current = None
-
-    pytest_runtest_protocol.hookwrapper = True
 
 
 def node_ids(path: str, n: int) -> list[str]:
@@ -83,12 +86,12 @@ def main() -> int:
     ap.add_argument("tests", nargs="+", help="test node ids or files (or, with --slowest, one --durations listing)")
     ap.add_argument("--slowest", type=int, default=None, help="read the first N node ids of a --durations listing")
     ap.add_argument("--json", default=None, help="write the per-test figures here")
+    ap.add_argument("--programs", type=int, default=0,
+                    help="also list each test's N longest compilations (seconds, function name)")
     args = ap.parse_args()
     ids = node_ids(args.tests[0], args.slowest) if args.slowest else args.tests
     os.chdir(ROOT)
     sys.path.insert(0, ROOT)
-    import pytest
-
     plugin = CompileShare()
     rc = pytest.main(["-q", "-n", "0", "-p", "no:cacheprovider", *ids], plugins=[plugin])
     rows = sorted(plugin.rows.items(), key=lambda kv: -kv[1].get("wall_s", 0.0))
@@ -100,6 +103,8 @@ def main() -> int:
             tot[k] += r.get(k, 0.0) if k != "compilations" else r["compilations"]
         print(f"{w:8.1f} {r['compile_s']:10.1f} {r['compilations']:6d} {r['trace_s']:8.1f} "
               f"{w - r['compile_s'] - r['trace_s']:8.1f}  {nodeid}")
+        for secs, name in sorted(r.get("programs", []), reverse=True)[:args.programs]:
+            print(f"{'':>8} {secs:10.1f} {'':>6}   compiling {name}")
     w = tot["wall_s"] or 1.0
     print(f"total: {tot['wall_s']:.0f} s wall; XLA compiling {tot['compile_s']:.0f} s ({tot['compile_s'] / w:.0%}) "
           f"in {tot['compilations']} compilations; tracing and lowering {tot['trace_s']:.0f} s "

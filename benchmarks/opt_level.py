@@ -1,17 +1,21 @@
-"""Would the test suite be faster at LLVM optimisation level 0? (issue #31; measured and
-rejected, docs/benchmarks.md "The test suite").
+"""Would the test suite be faster at LLVM optimisation level 0, or under other XLA flags?
+(issue #31; docs/benchmarks.md "The test suite").
 
 Four fifths of the default suite's time is XLA compiling programs (docs/benchmarks.md).
-``--xla_backend_optimization_level=0`` compiles faster; this script measures what it costs.
+``--xla_backend_optimization_level=0`` compiles faster; this script measures what it costs,
+or what any other ``--flags`` cost.
 
-Each child process runs the same two jobs with ``XLA_FLAGS=--xla_backend_optimization_level=L``:
+Each child process runs the same two jobs under its ``XLA_FLAGS``:
 the README's drape (10 × 10 film, 10 steps through ``simulate``) and the gradient of a
 3-step rollout of the frictional vertex–triangle slide in E, μf and κ (the default suite's
 Taylor-test case), each called twice. It reports the seconds XLA spent compiling, the
-second call's run time, and the results' bytes. Levels 2 (the default) and 0 alternate,
-each in its own process, ``--rounds`` times; the figures are the medians' ratios.
+second call's run time, and the results' bytes. The base flags (level 2, XLA's default,
+unless ``--base``) and the flags measured (level 0 unless ``--flags``) alternate, each in
+its own process, ``--rounds`` times; the figures are the medians' ratios. The older CPU
+kernel emitter that the test suite compiles with (tests/conftest.py):
 
     python3 benchmarks/opt_level.py [--rounds 2]
+    python3 benchmarks/opt_level.py --base=--xla_cpu_use_fusion_emitters=true --flags=--xla_cpu_use_fusion_emitters=false
 """
 from __future__ import annotations
 
@@ -85,15 +89,16 @@ def child() -> dict:
                      "result": r1.ravel().tolist() if r1.size < 10 else None}
         out[name + "_frames"] = np.ascontiguousarray(r1, dtype=np.float64).tobytes().hex() if name == "drape" else None
     out["digest"] = digest.hexdigest()
+    out["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return out
 
 
-def run(level: int) -> dict:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_backend_optimization_level={level}"}
+def run(flags: str) -> dict:
+    env = {**os.environ, "XLA_FLAGS": flags}
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
-        raise SystemExit(f"level {level} child failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+        raise SystemExit(f"XLA_FLAGS={flags!r}: child failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -103,27 +108,34 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--flags", default="--xla_backend_optimization_level=0",
+                    help="the XLA_FLAGS measured (default: level 0)")
+    ap.add_argument("--base", default="--xla_backend_optimization_level=2",
+                    help="the XLA_FLAGS they are measured against (default: level 2, XLA's default)")
     args = ap.parse_args()
-    res = {2: [], 0: []}
+    base, other = args.base, args.flags
+    if base == other:
+        ap.error("--base and --flags are the same")
+    res = {base: [], other: []}
     for i in range(args.rounds):
-        for level in (2, 0):
-            res[level].append(run(level))
-            r = res[level][-1]
-            print(f"round {i + 1} level {level}: " + ", ".join(
+        for flags in (base, other):
+            res[flags].append(run(flags))
+            r = res[flags][-1]
+            print(f"round {i + 1} XLA_FLAGS={r['xla_flags']!r}: " + ", ".join(
                 f"{j} compile {r[j]['compile_s']:.1f} s, run {r[j]['second_call_s']:.2f} s" for j in ("drape", "gradient")),
                 flush=True)
     import numpy as np
 
-    def med(level, job, key):
-        return statistics.median(r[job][key] for r in res[level])
+    def med(flags, job, key):
+        return statistics.median(r[job][key] for r in res[flags])
 
     for job in ("drape", "gradient"):
-        print(f"{job}: compile level 0 / level 2 = {med(0, job, 'compile_s') / med(2, job, 'compile_s'):.2f}; "
-              f"run (second call) level 0 / level 2 = {med(0, job, 'second_call_s') / med(2, job, 'second_call_s'):.2f}")
-    a = np.frombuffer(bytes.fromhex(res[2][0]["drape_frames"]))
-    b = np.frombuffer(bytes.fromhex(res[0][0]["drape_frames"]))
+        print(f"{job}: compile [{other}] / [{base}] = {med(other, job, 'compile_s') / med(base, job, 'compile_s'):.2f}; "
+              f"run (second call) = {med(other, job, 'second_call_s') / med(base, job, 'second_call_s'):.2f}")
+    a = np.frombuffer(bytes.fromhex(res[base][0]["drape_frames"]))
+    b = np.frombuffer(bytes.fromhex(res[other][0]["drape_frames"]))
     print(f"drape frames: identical bit for bit: {bool(np.array_equal(a, b))} (max |Δx| {np.max(np.abs(a - b)):.3g} m)")
-    ga, gb = np.asarray(res[2][0]["gradient"]["result"]), np.asarray(res[0][0]["gradient"]["result"])
+    ga, gb = np.asarray(res[base][0]["gradient"]["result"]), np.asarray(res[other][0]["gradient"]["result"])
     print(f"gradient (E, μf, κ): identical bit for bit: {bool(np.array_equal(ga, gb))} "
           f"(largest relative difference {np.max(np.abs(ga - gb) / np.abs(ga)):.3g})")
     same = len({r["digest"] for rs in res.values() for r in rs}) == 1
