@@ -1,14 +1,25 @@
 """Test configuration: every test runs in float64 (derivative comparisons need it), the
 command-line jobs the tests start write no persistent compilation cache into the user's
-home (tests/test_compile_cache.py sets its own folders), and before each test (before its
-fixtures) the library's guard frees compiled programs when the process holds too many
-memory mappings."""
+home (tests/test_compile_cache.py sets its own folders), XLA compiles with its older CPU
+kernel emitter (below), and before each test (before its fixtures) the library's guard
+frees compiled programs when the process holds too many memory mappings."""
 import os
 
-import jax
+# Most of the suite's time is XLA compiling (docs/benchmarks.md "The test suite"). With
+# XLA's older CPU kernel emitter the same programs compile in about three quarters of the
+# time and give the same bits; the library does not set it for its users, because the
+# bag's stepping ran 1.12x slower under it (docs/benchmarks.md "The older kernel emitter").
+# Set before JAX starts its backends (XLA reads XLA_FLAGS once, then); inherited by the
+# xdist workers and the jobs the tests start; an XLA_FLAGS that names the flag wins
+# (``=true``: XLA's default emitters, docs/tests.md).
+FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+
+import jax  # noqa: E402
 import pytest
 
-from ipcjax import compile_guard
+from ipcjax import compile_guard  # noqa: E402
 
 os.environ.setdefault("IPCJAX_COMPILATION_CACHE", "off")
 

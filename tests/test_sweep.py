@@ -41,7 +41,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sweep_sharded_over_two_cpu_devices_matches_single_runs():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    # two host devices, beside the suite's own XLA flags (tests/conftest.py)
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
                        timeout=600)
