@@ -25,7 +25,10 @@ NAMES = br.BAG_NAMES
 # --------------------------------------------------------------------------- rest-state derivative
 
 
-def _cantilever():
+@pytest.fixture(scope="module")
+def cantilever():
+    """The clamped plate, its set-up and one compiled rest Jacobian, shared by this module's
+    tests (make_rest_jacobian compiles once, not once a test)."""
     sc = cantilever_scene()
     m = sc.model
     cfg = Config()
@@ -33,7 +36,7 @@ def _cantilever():
     ctl = Controls.empty(m.n_particles)
     tip = jnp.asarray(sc.tip)
     measure = lambda x: jnp.stack([jnp.mean(x[tip, 2]), x[tip[-1], 0] - x[tip[0], 0], jnp.max(x[:, 2])])
-    return sc, m, cfg, cap, ctl, measure
+    return sc, m, cfg, cap, ctl, measure, br.make_rest_jacobian(m, cfg, cap, measure)
 
 
 _SOLVERS = {}
@@ -65,17 +68,16 @@ def _static_solve(m, cfg, cap, ctl, params, x_start, dt):
     return anchor.at[free].set(u.reshape(-1, 3))
 
 
-def test_rest_jacobian_matches_central_differences_of_static_equilibria():
+def test_rest_jacobian_matches_central_differences_of_static_equilibria(cantilever):
     """dy/dz of make_rest_jacobian at an equilibrium x* equals central differences of the
     measurements of equilibria re-solved at θ·e^{±h}: E and kθ non-zero, μf exactly zero
     (no contact: no friction load)."""
-    sc, m, cfg, cap, ctl, measure = _cantilever()
+    sc, m, cfg, cap, ctl, measure, jac = cantilever
     dt = 1 / 240
     p0 = Params.film_defaults()
     x_flat = jnp.asarray(sc.x, jnp.float64)
     x_star = _static_solve(m, cfg, cap, ctl, p0, x_flat, dt)
     assert float(jnp.min(x_star[:, 2])) < 0.05 - 1e-4  # it droops
-    jac = br.make_rest_jacobian(m, cfg, cap, measure)
     v = (x_star - x_flat) / dt                        # anchor = x* − dt·v = the flat start
     y, J, L, residual, force, overflow = jac(x_star, v, p0, ctl, jnp.asarray(dt))
     assert not bool(overflow) and bool(jnp.all(jnp.isfinite(L)))
@@ -97,12 +99,11 @@ def test_rest_jacobian_matches_central_differences_of_static_equilibria():
         np.testing.assert_allclose(J[:, i], fd, rtol=1e-5, atol=1e-9 * np.max(np.abs(fd)), err_msg=n)
 
 
-def test_rest_jacobian_refuses_an_unstable_state():
+def test_rest_jacobian_refuses_an_unstable_state(cantilever):
     """A plate squeezed to half its width with next to no bending stiffness: its membrane
     Hessian in compression is indefinite, and the Cholesky factor comes back non-finite
     (which run_node records as ``stable=False`` and check_rest refuses)."""
-    sc, m, cfg, cap, ctl, measure = _cantilever()
-    jac = br.make_rest_jacobian(m, cfg, cap, measure)
+    sc, m, cfg, cap, ctl, measure, jac = cantilever
     x = jnp.asarray(sc.x, jnp.float64)
     free = ~np.asarray(m.fixed)
     xc = x.at[:, 0].set(jnp.where(jnp.asarray(free), 0.5 * x[:, 0] + 0.005, x[:, 0]))  # squeezed: membrane buckles

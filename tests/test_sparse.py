@@ -1,12 +1,19 @@
-"""The matrix-free linear-solve path: block matvec, block-Jacobi PCG direction, CG drape."""
+"""The linear-solve paths beside the dense Cholesky: the matrix-free one (block matvec,
+block-Jacobi PCG direction) and the sparse direct one (host LDLᵀ of the element blocks,
+reached from jit: ipcjax.ldl); active-row compaction; and drapes on each path against one
+dense drape. One module, so that the film-over-sphere blocks and the dense drape compile
+once for both paths (issue #31)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from ipcjax import candidates as C
+from ipcjax import ldl
 from ipcjax.audit import audit_trajectory
-from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, linear_solver
+from ipcjax.implicit import make_rollout, stack_controls
+from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
+from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, SparseLDL, linear_solver
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import query_contacts
 from ipcjax.potential import (
@@ -16,11 +23,12 @@ from ipcjax.potential import (
 from ipcjax.problem import StepContext, StepProblem
 from ipcjax.result import StepCode
 from ipcjax.step import advance, make_state, simulate, step
-from scenes.film import drape_scene
-from tests.helpers import rel_err
+from scenes.film import drape_scene, vertex_triangle_scene
+from tests.helpers import assert_nonzero, rel_err
 
 DT = 1.0 / 240.0
 CG = Config(linear_solver="cg")
+SPARSE = Config(linear_solver="sparse")
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +100,31 @@ def test_implicit_vjp_solve_by_cg_matches_dense(contact_system):
     assert np.all(np.isnan(np.asarray(solve(hb, rhs, "exact"))))
 
 
-def drape_runs(configs, steps=12):
-    """A 6×6 film dropped 0.4 mm onto a sphere for ``steps`` steps with each config:
-    (scene, params, controls, {linear_solver: (frames, reports)}); every step must succeed."""
+DRAPE_STEPS = 12
+
+
+def drape_run(config, steps=DRAPE_STEPS):
+    """A 6×6 film dropped 0.4 mm onto a sphere for ``steps`` steps with ``config``:
+    (scene, params, controls, frames, reports); every step must succeed."""
     sc = drape_scene(n=6, size=0.04, sphere_radius=0.02, gap=0.4e-3)
     m = sc["model"]
     p = Params.film_defaults()
     ctl = Controls.empty(m.n_particles, tolerance=5e-7)
-    runs = {}
-    for cfg in configs:
-        frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, dt=DT, config=cfg)
-        assert all(r.ok for r in reps)
-        runs[cfg.linear_solver] = (frames, reps)
-    return sc, p, ctl, runs
+    frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, dt=DT, config=config)
+    assert all(r.ok for r in reps)
+    return sc, p, ctl, frames, reps
 
 
-def test_cg_drape_ends_where_the_dense_drape_does():
-    sc, p, ctl, runs = drape_runs((Config(), CG))
+@pytest.fixture(scope="module")
+def dense_drape():
+    """The drape on the dense Cholesky path: what the CG and sparse drapes must follow."""
+    return drape_run(Config())
+
+
+def test_cg_drape_ends_where_the_dense_drape_does(dense_drape):
+    sc, p, ctl, fd, _ = dense_drape
+    _, _, _, fc, reps = drape_run(CG)
     m = sc["model"]
-    (fd, _), (fc, reps) = runs["dense"], runs["cg"]
     print('max |x_cg - x_dense| %.3g m, film moved %.3g m' % (np.max(np.abs(fc[-1] - fd[-1])), np.max(np.abs(fd[-1] - fd[0]))))
     assert np.max(np.abs(fc[-1] - fd[-1])) < 2e-6  # m, after 12 steps
     assert np.max(np.abs(fd[-1] - fd[0])) > 3e-4
@@ -122,6 +136,24 @@ def test_cg_drape_ends_where_the_dense_drape_does():
     _, info = step(m, p, make_state(fc[-1]), ctl, DT, config=Config(linear_solver="cg", cg_max_iterations=1),
                    capacity=reps[-1].capacity)
     assert int(info.code) & int(StepCode.FACTORIZATION_FAILED)
+
+
+def test_sparse_drape_follows_the_dense_drape(dense_drape):
+    """Same Newton iterations, same positions to round-off, no intersection; a failed
+    factorization (negative mass makes H indefinite) is reported, not stepped over."""
+    sc, p, ctl, fd, rd = dense_drape
+    _, _, _, fs, rs = drape_run(SPARSE)
+    m = sc["model"]
+    assert [r.iterations for r in rd] == [r.iterations for r in rs]
+    assert np.max(np.abs(fs[-1] - fd[-1])) < 1e-9  # m
+    assert np.max(np.abs(fd[-1] - fd[0])) > 3e-4
+    assert min(r.min_gap for r in rs) > 0
+
+    bad = m._replace(mass=-m.mass)
+    state = make_state(fs[-1])
+    out, info = step(bad, p, state, ctl, DT, config=SPARSE, capacity=rs[-1].capacity)
+    assert int(info.code) & int(StepCode.FACTORIZATION_FAILED)
+    assert np.array_equal(np.asarray(out.x), np.asarray(state.x))
 
 
 # ---------------------------------------------------------------- active-row compaction
@@ -141,6 +173,18 @@ def active_system():
     cs, stats = jax.jit(lambda a, b: query_contacts(a, b, m, Config(), cap, skin=1.5e-3))(x0, x)
     assert not bool(stats.overflow)
     return sc, m, Params.film_defaults(), x, x0, cs
+
+
+@pytest.fixture(scope="module")
+def uncompacted_step(active_system):
+    """One step of 1e-6 m from the system's start x₀ assembling every candidate row
+    (``active=None``): where the overflow tests' grown, compacted steps must land."""
+    sc, m, p, _, x0, _ = active_system
+    ctl = Controls.empty(m.n_particles, tolerance=1e-6)
+    cap = C.initial_capacity(m.topology)._replace(active=None)
+    ref, rep = advance(m, p, make_state(x0), ctl, DT, config=Config(), capacity=cap, validate=False)
+    assert rep.ok
+    return ref
 
 
 @pytest.mark.parametrize("exact", [False, True])
@@ -175,7 +219,7 @@ def test_compacted_assembly_equals_the_full_one(active_system, exact):
     assert rel_err(H_c, H_f) < 1e-12 and phi_c == pytest.approx(phi_f, rel=1e-14)
 
 
-def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
+def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system, uncompacted_step):
     """A step whose contacts need more active rows than Capacity.active stops with
     CAPACITY_OVERFLOW, leaves the state alone, and the host driver grows the rows."""
     sc, m, p, _, x0, _ = active_system
@@ -190,13 +234,12 @@ def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system):
     out, rep = advance(m, p, st, ctl, DT, config=Config(), capacity=cap, validate=False)
     assert rep.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
     # and the grown, compacted step lands where an uncompacted one does
-    ref, rep_ref = advance(m, p, st, ctl, DT, config=Config(), capacity=cap._replace(active=None), validate=False)
-    assert rep_ref.ok
-    assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(uncompacted_step.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
 
 
-def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_every_row_does(active_system):
+def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_every_row_does(active_system,
+                                                                                             uncompacted_step):
     """A step whose slots hold the rows inside d̂ but not every row in reach of its first
     directions stops with CAPACITY_OVERFLOW (its bound and line search would miss rows),
     leaves the state alone, and the host grows the slots and ends where the uncompacted
@@ -213,9 +256,8 @@ def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_e
     assert int(info.code) == int(StepCode.CAPACITY_OVERFLOW) and int(info.n_active) > n_in + 2
     np.testing.assert_array_equal(np.asarray(new.x), np.asarray(st.x))
     out, rep = advance(m, p, st, ctl, DT, config=Config(), capacity=cap, validate=False)
-    ref, rep_ref = advance(m, p, st, ctl, DT, config=Config(), capacity=cap._replace(active=None), validate=False)
-    assert rep.ok and rep_ref.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
-    assert np.max(np.abs(np.asarray(out.x) - np.asarray(ref.x))) < 1e-9
+    assert rep.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
+    assert np.max(np.abs(np.asarray(out.x) - np.asarray(uncompacted_step.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
 
 
@@ -234,3 +276,139 @@ def test_per_block_weights_equal_the_kind_selected_ones(active_system):
     assert np.abs(fast[valid]).max() > 0
     with pytest.raises(ValueError, match="blocks"):
         contact_weights(X, ContactSet(cs.idx, cs.kind, cs.valid, (1, 1, 1, 1)))
+
+
+# ---------------------------------------------------------------- the sparse direct path (ipcjax.ldl)
+
+def sparse_direction(g, hb):
+    dx, ok, _ = SparseLDL().direction(g, hb)
+    return dx, ok
+
+
+def test_upper_triangle_is_the_dense_matrix(contact_system):
+    """The host's coordinate form, duplicates summed, is the dense scatter's upper triangle:
+    fixed particles' rows dropped, padded contact rows' zeros left out, diagonal kept."""
+    import scipy.sparse as sp
+    _, hb = contact_system(False)
+    H = np.asarray(dense_hessian(hb))
+    hbn = jax.tree_util.tree_map(np.asarray, hb)
+    r, c, v = upper_triangle(hbn.diag, hbn.rows, hbn.blocks)
+    assert np.all(r <= c) and np.all(c < H.shape[0]) and np.all(v != 0)
+    U = sp.csc_matrix((v, (r, c)), shape=H.shape).toarray()
+    assert rel_err(U, np.triu(H)) < 1e-14
+    assert len(v) < 0.5 * sum(B.size for B in hbn.blocks)  # the padding really was dropped
+
+
+def test_upper_csc_is_the_dense_matrix_and_keeps_its_pattern(contact_system):
+    """The host's CSC matrix (kept pattern for the first groups + coordinate form for the
+    rest) is the dense scatter's upper triangle; the pattern is built once per set of rows
+    and another set of rows gets its own, right, pattern."""
+    _, hb = contact_system(False)
+    H = np.asarray(dense_hessian(hb))
+    hbn = jax.tree_util.tree_map(np.asarray, hb)
+    assert len(hbn.rows) > ldl.STATIC_GROUPS and hbn.rows[0].shape[0] > 0
+    U = upper_csc(hbn.diag, hbn.rows, hbn.blocks)
+    assert U.has_sorted_indices and U.shape == H.shape
+    assert rel_err(U.toarray(), np.triu(H)) < 1e-14
+    first = ldl.static_pattern(H.shape[0], hbn.rows[:ldl.STATIC_GROUPS])
+    assert ldl.static_pattern(H.shape[0], [r.copy() for r in hbn.rows[:ldl.STATIC_GROUPS]]) is first
+    # new values on the same rows reuse it; the matrix follows the values
+    blocks2 = tuple(2.0 * b for b in hbn.blocks)
+    U2 = upper_csc(2.0 * hbn.diag, hbn.rows, blocks2)
+    assert rel_err(U2.toarray(), 2.0 * np.triu(H)) < 1e-14
+    # other rows in the first group (one element dropped): another pattern, the right matrix
+    rows3 = (hbn.rows[0][1:],) + tuple(hbn.rows[1:])
+    blocks3 = (hbn.blocks[0][1:],) + tuple(hbn.blocks[1:])
+    assert ldl.static_pattern(H.shape[0], rows3[:ldl.STATIC_GROUPS]) is not first
+    hb3 = hb._replace(rows=tuple(jnp.asarray(r) for r in rows3), blocks=tuple(jnp.asarray(b) for b in blocks3))
+    U3 = upper_csc(hbn.diag, rows3, blocks3)
+    assert rel_err(U3.toarray(), np.triu(np.asarray(dense_hessian(hb3)))) < 1e-14
+    assert rel_err(U3.toarray(), np.triu(H)) > 1e-6  # the dropped element really changed it
+
+
+def test_sparse_direction_matches_the_cholesky_direction(contact_system):
+    g, hb = contact_system(False)
+    dense, ok_dense, _ = DenseCholesky().direction(g, dense_hessian(hb))
+    sparse, ok_sparse = jax.jit(sparse_direction)(g, hb)
+    assert bool(ok_dense) and bool(ok_sparse)
+    assert_nonzero(sparse)
+    assert rel_err(sparse, dense) < 1e-10
+
+
+def test_sparse_solve_tells_indefinite_from_singular(contact_system):
+    """The exact Hessian away from a minimiser is indefinite: a failure for the Newton
+    direction (as for Cholesky), a valid solve for the implicit VJP's exact Hessian."""
+    _, hb = contact_system(True)
+    H = np.asarray(dense_hessian(hb))
+    assert np.linalg.eigvalsh(H).min() < 0
+    rhs = jnp.asarray(np.random.default_rng(3).normal(size=H.shape[0]))
+    solve = jax.jit(sparse_solve, static_argnums=2)
+    u, ok = solve(hb, rhs, True)
+    assert not bool(ok) and np.all(np.isnan(np.asarray(u)))
+    u, ok = solve(hb, rhs, False)
+    assert bool(ok)
+    assert rel_err(u, np.linalg.solve(H, np.asarray(rhs))) < 1e-8
+    # the implicit VJP's solve on the sparse path, both Hessians, against the dense path
+    sparse, dense = SparseLDL(), DenseCholesky()
+    solve_sp = jax.jit(sparse.solve, static_argnums=2)
+    solve_d = jax.jit(lambda hb, rhs, projection: dense.solve(dense.init(hb), rhs, projection), static_argnums=2)
+    assert rel_err(solve_sp(hb, rhs, "exact"), solve_d(hb, rhs, "exact")) < 1e-8
+    _, hb_p = contact_system(False)
+    assert rel_err(solve_sp(hb_p, rhs, "projected"), solve_d(hb_p, rhs, "projected")) < 1e-10
+    # a singular matrix (a zero row and column) is a failure even without the PD requirement
+    F3 = H.shape[0]
+    hb_sing = hb._replace(diag=hb.diag.at[0].set(0.0),
+                          rows=tuple(jnp.where(r == 0, F3 + 5, r) for r in hb.rows))
+    u, ok = solve(hb_sing, rhs, False)
+    assert not bool(ok) and np.all(np.isnan(np.asarray(u)))
+
+
+def test_sparse_solve_rejects_non_finite_input(contact_system):
+    g, hb = contact_system(False)
+    dx, ok = sparse_direction(g.at[4].set(jnp.nan), hb)
+    assert not bool(ok) and not np.any(np.asarray(dx))
+    blocks = list(hb.blocks)
+    blocks[0] = blocks[0].at[0, 0, 0].set(jnp.inf)
+    assert not bool(sparse_direction(g, hb._replace(blocks=tuple(blocks)))[1])
+
+
+def test_sparse_solve_under_vmap(contact_system):
+    _, hb = contact_system(False)
+    H = np.asarray(dense_hessian(hb))
+    R = jnp.asarray(np.random.default_rng(5).normal(size=(3, H.shape[0])))
+    U, ok = jax.jit(jax.vmap(lambda r: sparse_solve(hb, r)))(R)
+    assert np.all(np.asarray(ok))
+    assert rel_err(U, np.linalg.solve(H, np.asarray(R).T).T) < 1e-10
+
+
+@pytest.mark.slow  # two rollout compilations (≈ 1 min); the backward solve itself is in the default suite above
+def test_rollout_gradient_on_the_sparse_path_equals_the_dense_one():
+    """The implicit VJP through a frictional contact rollout: the sparse backward solve
+    gives the dense path's gradients."""
+    sc = vertex_triangle_scene()
+    x = sc["x"].copy(); x[:3, 2] -= 0.0015
+    v = np.zeros_like(x); v[:3] = [0.3, 0.1, -0.02]
+    m = sc["model"]
+    cap = C.initial_capacity(m.topology)
+    ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-12)] * 3)
+    W = jnp.asarray(np.random.default_rng(1).normal(size=x.shape))
+    grads = {}
+    for cfg in (Config(), SPARSE):
+        rollout = make_rollout(m, cfg, cap, round_fp32=False)
+
+        def loss(p):
+            frames, _, codes = rollout(p, jnp.asarray(x), jnp.asarray(v), ctl, DT)
+            return jnp.sum(W * frames[-1]), codes
+
+        (_, codes), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(Params.film_defaults())
+        assert np.all(np.asarray(codes) == 0)
+        grads[cfg.linear_solver] = g
+    for name in ("youngs_modulus", "friction", "barrier_stiffness"):
+        a, b = getattr(grads["sparse"], name), getattr(grads["dense"], name)
+        assert_nonzero(a, name)
+        assert rel_err(a, b) < 1e-8, name
+
+
+def test_unknown_linear_solver_is_named():
+    with pytest.raises(ValueError, match="linear_solver must be one of .*'sparse'.*got 'lu'"):
+        Config(linear_solver="lu")
