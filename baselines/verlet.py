@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64, as when this module lived in ipcjax/)
+from scenes.mesh import quad_grid_triangles
 
 SPRING_STRUCTURAL, SPRING_SHEAR, SPRING_BEND = 0, 1, 2
 SPRING_KIND_NAMES = ("structural", "shear", "bend")
@@ -273,13 +274,7 @@ def grid_corners(n_grid: int) -> np.ndarray:
 
 def grid_triangles(n_grid: int) -> np.ndarray:
     """(2(n−1)², 3) int32 triangles of the grid, split along the shear diagonal."""
-    tris = []
-    for j in range(n_grid - 1):
-        for i in range(n_grid - 1):
-            a, b = grid_index(i, j, n_grid), grid_index(i + 1, j, n_grid)
-            c, d = grid_index(i + 1, j + 1, n_grid), grid_index(i, j + 1, n_grid)
-            tris += [(a, b, c), (a, c, d)]
-    return np.asarray(tris, np.int32).reshape(-1, 3)
+    return quad_grid_triangles(n_grid - 1, n_grid - 1, lambda i, j: grid_index(i, j, n_grid))
 
 
 def cloth_grid(n_grid: int = 14, size: float = 4.0, *, iterations: int = 12, seed: int = 0,

@@ -35,6 +35,7 @@ from scenes.film import FILM_DENSITY, FILM_THICKNESS, lumped_mass
 from scenes.mesh import (  # the film meshes; their names stay importable from here
     DISK_RADIUS, NECK_TO_RIM, POUCH_RADIUS, POUCH_RIM_POLAR, BagMesh, bag_mesh, neck_ring_of, pouch_mesh,
     pouch_polar_angles, ring_index)
+from scenes.mesh import quad_grid_triangles
 from scenes.scene import ByName
 
 DT = 1.0 / 240.0
@@ -129,12 +130,7 @@ def _grid_quads(origin, u, v, nu, nv):
     """Vertices and triangles of a planar nu × nv cell grid spanned by vectors u, v."""
     i, j = np.meshgrid(np.arange(nu + 1), np.arange(nv + 1), indexing="ij")
     pts = origin + i.reshape(-1, 1) * (u / nu) + j.reshape(-1, 1) * (v / nv)
-    idx = lambda a, b: a * (nv + 1) + b
-    tris = []
-    for a in range(nu):
-        for b in range(nv):
-            tris += [(idx(a, b), idx(a + 1, b), idx(a + 1, b + 1)), (idx(a, b), idx(a + 1, b + 1), idx(a, b + 1))]
-    return pts, np.asarray(tris, np.int64)
+    return pts, quad_grid_triangles(nu, nv, lambda a, b: a * (nv + 1) + b, u_outer=True, dtype=np.int64)
 
 
 def bin_and_floor(cell: float = 0.05):

@@ -8,6 +8,7 @@ import numpy as np
 
 import ipcjax  # noqa: F401  (enables float64)
 from ipcjax.model import build_model
+from scenes.mesh import quad_grid_triangles
 from scenes.scene import ByName
 
 FILM_THICKNESS = 30e-6   # m
@@ -27,15 +28,7 @@ def film_grid(n: int, size: float, z: float = 0.0, center=(0.0, 0.0)):
     s = np.linspace(-size / 2, size / 2, n)
     X, Y = np.meshgrid(s + center[0], s + center[1], indexing="xy")
     pos = np.stack([X.ravel(), Y.ravel(), np.full(n * n, z)], axis=1)
-    tris = []
-    for j in range(n - 1):
-        for i in range(n - 1):
-            a, b, c, d = j * n + i, j * n + i + 1, (j + 1) * n + i, (j + 1) * n + i + 1
-            if (i + j) % 2 == 0:
-                tris += [(a, b, d), (a, d, c)]
-            else:
-                tris += [(a, b, c), (b, d, c)]
-    return pos, np.asarray(tris, np.int32)
+    return pos, quad_grid_triangles(n - 1, n - 1, lambda i, j: j * n + i, alternate=True)
 
 
 def require_positive(**values):

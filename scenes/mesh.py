@@ -1,5 +1,7 @@
-"""The bag's film meshes: the disk topology (docs/spec.md §5) laid flat (:func:`bag_mesh`,
-the pouch scene's film) or on a sphere (:func:`pouch_mesh`, the bag's round pouch).
+"""Triangle meshes: the bag's film, the disk topology (docs/spec.md §5) laid flat
+(:func:`bag_mesh`, the pouch scene's film) or on a sphere (:func:`pouch_mesh`, the bag's
+round pouch); and :func:`quad_grid_triangles`, the one triangulation of a grid of quad cells
+(the square films, the bin and floor, the Verlet cloth).
 
 Vertex 0 is the centre; ring r = 1..R holds C points at angles 2π c / C, vertex index
 1 + (r − 1) C + c (:func:`ring_index`). Defaults R = 15, C = 32 give 481 vertices and
@@ -29,6 +31,29 @@ class BagMesh(NamedTuple):
     neck_ring: int
     rim: np.ndarray        # (C,) indices of ring R
     neck: np.ndarray       # (C,) indices of the neck ring
+
+
+def quad_grid_triangles(nu: int, nv: int, vertex, *, u_outer: bool = False, alternate: bool = False,
+                   dtype=np.int32) -> np.ndarray:
+    """The two triangles of each cell of an nu × nv grid of quad cells, (2 nu nv, 3).
+
+    Cell (i, j), i < nu along u and j < nv along v, has corners p00 = vertex(i, j),
+    p10 = vertex(i + 1, j), p01 = vertex(i, j + 1), p11 = vertex(i + 1, j + 1), where
+    ``vertex`` maps grid node (i, j) to its index. Each cell is split along p00–p11 into
+    (p00, p10, p11) and (p00, p11, p01), or, with ``alternate``, where i + j is odd along
+    p10–p01 into (p00, p10, p01) and (p10, p11, p01), so that the diagonals alternate.
+    Cells are listed with j (v) as the outer loop, or i (u) with ``u_outer``.
+    """
+    cells = ((i, j) for i in range(nu) for j in range(nv)) if u_outer else \
+        ((i, j) for j in range(nv) for i in range(nu))
+    tris = []
+    for i, j in cells:
+        p00, p10, p01, p11 = vertex(i, j), vertex(i + 1, j), vertex(i, j + 1), vertex(i + 1, j + 1)
+        if alternate and (i + j) % 2:
+            tris += [(p00, p10, p01), (p10, p11, p01)]
+        else:
+            tris += [(p00, p10, p11), (p00, p11, p01)]
+    return np.asarray(tris, dtype).reshape(-1, 3)
 
 
 def ring_index(ring: int, column, columns: int):
