@@ -1,7 +1,7 @@
 """The bag's stepping before and after a change, side by side: ``run_bag`` of an earlier
 commit and of this working tree on the same window, each in its own process, alternated.
 
-    python3 benchmarks/ab_bag.py --before REV [--state tests/data/bag_full_tie.npz] [--steps 24] [--rounds 2]
+    python3 benchmarks/ab_bag.py --before REV [--state scenes/data/bag_full_tie.npz] [--steps 24] [--rounds 2]
 
 The earlier commit is checked out into a temporary ``git worktree`` (removed afterwards);
 each (round, tree) runs ``scenes.bag_run.run_bag`` of that tree, with the tree first on
@@ -62,7 +62,7 @@ def worker(root, state, steps, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", help="git revision of the earlier tree")
-    ap.add_argument("--state", default="tests/data/bag_full_tie.npz")
+    ap.add_argument("--state", default="scenes/data/bag_full_tie.npz")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--worker", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@ bag-fit section.
 
     python3 benchmarks/bag_sweep.py --param youngs_modulus --out runs/sweep_E
 
-Runs the bag from the tie checkpoint (tests/data/bag_full_tie.npz, 8.40 s) to 10.50 s at
+Runs the bag from the tie checkpoint (scenes/data/bag_full_tie.npz, 8.40 s) to 10.50 s at
 the fit's lattice points 2^(k/7) × the parameter's film default, k a multiple of w
 (``--width``, default 2: the fit's lattice step 2 ln 2 / 7, fitting.bag_rest.DEFAULT_STEP),
 from the lattice nodes of k = −7 (× 0.5) to those of k = 7 (× 2.0): k = −10, −8, … 10 for
@@ -206,7 +206,7 @@ def main(argv=None):
     ap.add_argument("--param", default="youngs_modulus", choices=("youngs_modulus", "friction", "bending_scale"))
     ap.add_argument("--half", type=int, default=7, help="sweep points each side of the film default (7: 15 points)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--start", default="tests/data/bag_full_tie.npz")
+    ap.add_argument("--start", default="scenes/data/bag_full_tie.npz")
     ap.add_argument("--out", default="runs/sweep")
     ap.add_argument("--report", action="store_true", help="print the table of OUT/sweep.jsonl and write "
                     "OUT/sweep_wW[_spec].json and .png (W = --width)")

@@ -23,7 +23,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = {
-    "bag": ["bag", "--resume", "tests/data/bag_full_tie.npz", "--until", "8.4125", "--mesh-every", "0",
+    "bag": ["bag", "--resume", "scenes/data/bag_full_tie.npz", "--until", "8.4125", "--mesh-every", "0",
             "--no-pictures"],
     "drape": ["drape", "--steps", "5"],
 }

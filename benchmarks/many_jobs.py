@@ -37,7 +37,7 @@ from benchmarks.map_exhaustion import lowered_cap  # noqa: E402
 from ipcjax import compile_guard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIE = os.path.join(ROOT, "tests", "data", "bag_full_tie.npz")
+TIE = os.path.join(ROOT, "scenes", "data", "bag_full_tie.npz")
 
 
 def rss_mb() -> float:

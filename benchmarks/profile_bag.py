@@ -2,7 +2,7 @@
 
     python3 benchmarks/profile_bag.py [--state tie] [--state cinch] [--state NAME=PATH] [--repeat 5] [--json F]
 
-For each saved ``ipcjax bag`` state (default: the tie checkpoint, tests/data/bag_full_tie.npz,
+For each saved ``ipcjax bag`` state (default: the tie checkpoint, scenes/data/bag_full_tie.npz,
 8.40 s; ``cinch`` is tests/data/bag_full_cinch.npz, 7.40 s; ``NAME=PATH`` any state.npz a
 bag run wrote), in this process:
 
@@ -58,7 +58,7 @@ import numpy as np
 import ipcjax  # noqa: F401  (float64)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STATES = {"cinch": "tests/data/bag_full_cinch.npz", "tie": "tests/data/bag_full_tie.npz"}
+STATES = {"cinch": "tests/data/bag_full_cinch.npz", "tie": "scenes/data/bag_full_tie.npz"}
 
 
 def _timed(fn, repeat):

@@ -6,7 +6,7 @@ those three measurements of the simulated bag, smoothed, and their Jacobian in t
 of the fitted parameters (E, μf, kθ):
 
 1. **Forward**: every node runs the bag from a committed checkpoint
-   (``tests/data/bag_full_tie.npz`` by default: 8.40 s, the start of the tie) to the end of
+   (``scenes/data/bag_full_tie.npz`` by default: 8.40 s, the start of the tie) to the end of
    the protocol (10.50 s, the measured instant) with the host driver of ``ipcjax bag``
    (:func:`scenes.bag_run.run_bag`: capacity growth, subdivision, the self-intersection
    audit of every ``audit_every``-th frame). By then the bag has settled (the fastest
@@ -72,9 +72,10 @@ BAG_NAMES = ("youngs_modulus", "friction", "bending_scale")
 #: Parameters the rest-state derivative cannot see (it holds the friction anchors: 0.003 mm
 #: per unit log μf at the film defaults); estimator "rest" takes the spline's derivative for them.
 PATH_ONLY = ("friction",)
-#: Default start of every forward run: the full-resolution tie checkpoint (8.40 s).
+#: Default start of every forward run: the full-resolution tie checkpoint (8.40 s), package
+#: data of scenes/ (the bag's state.npz; pyproject.toml ships it with the package).
 DEFAULT_START = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "tests", "data", "bag_full_tie.npz")
+                             "scenes", "data", "bag_full_tie.npz")
 #: The smoothed Jacobian's estimators (BagRestProblem, lattice_smooth).
 ESTIMATORS = ("spline", "rest")
 #: Default lattice step h in log-parameter space: 2 ln 2 / 7 ≈ 0.198 (neighbouring nodes a

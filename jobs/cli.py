@@ -96,7 +96,7 @@ def _fit(argv):
         "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
         "film's tip height, one parameter, adam. The jobs are in fitting/app.py, their flags' checks in jobs/fit.py."))
     ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
-    for flag, kw in (("--state", dict(help="bag: state.npz to start from (default tests/data/bag_full_tie.npz)")),
+    for flag, kw in (("--state", dict(help="bag: state.npz to start from (default scenes/data/bag_full_tie.npz)")),
                      ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
                      ("--pair", dict(help="bag: fit two parameters, e.g. youngs_modulus,friction")),
                      ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),

@@ -1,7 +1,7 @@
 """The bag's final shape is a rest state that round-off does not decide (docs/spec.md §5).
 
 Slow: three copies of the 481-vertex bag resume from the committed tie-start checkpoint
-(``tests/data/bag_full_tie.npz``, 8.40 s), each with its film positions moved by 1e-9 m
+(``scenes/data/bag_full_tie.npz``, 8.40 s), each with its film positions moved by 1e-9 m
 in random directions, and run to 10.50 s. Their neck widths and flap heights must agree
 within 2 mm. ``python3 -m pytest -q -m slow tests/test_bag_rest.py -s`` prints the spread.
 """
@@ -13,8 +13,9 @@ import pytest
 from scenes import bag as B
 from scenes.bag_run import BagRunOptions, run_bag
 
-TIE_STATE = os.path.join(os.path.dirname(__file__), "data", "bag_full_tie.npz")
-CINCH_STATE = os.path.join(os.path.dirname(__file__), "data", "bag_full_cinch.npz")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIE_STATE = os.path.join(ROOT, "scenes", "data", "bag_full_tie.npz")  # the bag fit's default start
+CINCH_STATE = os.path.join(ROOT, "tests", "data", "bag_full_cinch.npz")
 PERTURBATION = 1e-9  # m, each film vertex
 AGREE = 2e-3         # m
 
@@ -30,6 +31,9 @@ def test_checkpoints_are_full_bag_states_at_the_cinch_and_the_tie():
     # the tie start has every track's grab positions and the tie's start lengths
     st = np.load(TIE_STATE)
     assert {"capture_cinch", "capture_flap", "capture_tie"} <= set(st.files)
+    # and it is the bag fit's default start, shipped in the scenes package (not read from tests/)
+    from fitting import bag_rest as br
+    assert os.path.samefile(br.DEFAULT_START, TIE_STATE)
 
 
 def _perturbed(src, dst, seed, n_film):
