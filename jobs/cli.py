@@ -2,7 +2,8 @@
 
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
 ``scenes.bag_run``, ``fitting.app``, ``jobs.compare``, ``baselines.verlet``), imported
-lazily. jobs/ is the top layer, the one that imports scenes/, fitting/ and baselines/ all.
+lazily; ``ipcjax bag``'s and ``ipcjax fit``'s flags are turned into options in
+:mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the one that imports scenes/, fitting/ and baselines/ all.
 """
 from __future__ import annotations
 
@@ -55,31 +56,9 @@ def _drape(argv):
 
 
 def _bag(argv):
-    ap = argparse.ArgumentParser(prog="ipcjax bag", description=(
-        "The bag experiment (docs/spec.md §5): lower a 30 µm pouch bag into a bin, drop seven spheres, carry "
-        "the bag to the floor, unfold, gather, cinch, tie and release. Writes trajectory.npz, "
-        "state.npz (for --resume) and summary.json (measurements and self-intersection audit) to --out."))
-    ap.add_argument("--protocol", choices=["full", "short"], default="full", help="full: end 10.50 s; short: the "
-                    "earlier protocol, released at 7.35 s, end 8.45 s (docs/spec.md §5)")
-    ap.add_argument("--until", type=float, help="simulated end time in s (default: the protocol's end)")
-    ap.add_argument("--save-every", type=int, default=1, help="save every n-th step's frame (default 1)")
-    ap.add_argument("--resolution", choices=["full", "coarse"], default="full", help="full: 481 vertices; coarse: 85")
-    ap.add_argument("--out", default="runs/bag", help="run folder (default runs/bag)")
-    ap.add_argument("--resume", help="state .npz written by an earlier run (its state.npz)")
-    ap.add_argument("--checkpoint-every", type=int, default=120, help="rewrite trajectory.npz, state.npz every n steps")
-    ap.add_argument("--mesh-every", type=int, default=24, help="every n-th saved frame as .vtu/.obj in meshes/ (0: none)")
-    ap.add_argument("--no-pictures", action="store_true", help="skip the time-series plot and the phase snapshots")
-    ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse", help="Newton linear solve")
-    args = ap.parse_args(argv)
-    _positive("--until", args.until)
-    _check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
-    _check(args.checkpoint_every >= 1, f"--checkpoint-every must be ≥ 1; got {args.checkpoint_every}")
-    _check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
-    from scenes.bag_run import BagRunOptions, run_bag
-    no_pictures = vars(args).pop("no_pictures")
-    result = run_bag(BagRunOptions(**vars(args), pictures=not no_pictures))
-    print(runfolder.dumps(result.summary))
-    return 0 if result.ok else 1
+    from jobs import bag  # its flags and options: jobs/bag.py
+
+    return bag.run(argv, _check, _positive)
 
 
 def _fit(argv):

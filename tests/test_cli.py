@@ -66,8 +66,9 @@ def test_bag_job_records_its_solver_and_first_step(tmp_path):
 
 
 def test_bag_run_records_its_protocol_and_parameters(tmp_path):
-    """run_bag with the short protocol and a stiffer film (2 coarse steps): summary.json and
-    state.npz name the protocol, the summary the film's E, μf and kθ scale."""
+    """run_bag with the short protocol and another film (2 coarse steps): summary.json and
+    state.npz name the protocol, the summary the film's E, μf and kθ scale, from Python
+    (BagRunOptions.params) and from the command line's film flags alike."""
     from ipcjax.model import Params
     from scenes.bag_run import BagRunOptions, run_bag
 
@@ -79,6 +80,12 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
     assert s["params"] == dict(youngs_modulus=630e6, friction=0.35, bending_scale=1.0)
     with np.load(out / "state.npz") as st:
         assert str(st["protocol"]) == "short"
+    cli = tmp_path / "cli"
+    assert main(["bag", "--resolution", "coarse", "--protocol", "short", "--until", str(2 / 240), "--out", str(cli),
+                 "--mesh-every", "0", "--no-pictures", "--youngs-modulus", "630e6", "--friction", "0.2",
+                 "--bending-scale", "2"]) == 0
+    s = json.loads((cli / "summary.json").read_text())
+    assert s["protocol"] == "short" and s["params"] == dict(youngs_modulus=630e6, friction=0.2, bending_scale=2.0)
 
 
 def test_help_lists_every_job_with_one_line_and_an_example(capsys):

@@ -82,6 +82,9 @@ def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (["--save-every", "0"], "--save-every must be ≥ 1"),
     (["--checkpoint-every", "0"], "--checkpoint-every must be ≥ 1"),
     (["--mesh-every", "-1"], "--mesh-every must be ≥ 0"),
+    (["--youngs-modulus", "0"], "--youngs-modulus must be a finite number > 0; got 0.0"),
+    (["--friction", "-0.1"], "--friction must be a finite number ≥ 0; got -0.1"),
+    (["--bending-scale", "nan"], "--bending-scale must be a finite number ≥ 0; got nan"),
 ])
 def test_bag_refuses_out_of_range_flags(capsys, tmp_path, flags, expect):
     refused(capsys, ["bag", "--resolution", "coarse", *flags, "--out", str(tmp_path / "b")], expect)
