@@ -400,8 +400,10 @@ def lattice_smooth(nodes, w, dw, names, step, estimator="spline"):
 class BagRestProblem:
     """Smoothed rest-shape measurements of the bag and their Jacobian (module docstring).
 
-    Duck-types :class:`fitting.fit.MeasuredRollout` for :func:`fitting.fit.fit_measured`:
-    ``names``, and ``problem(z, params) -> Evaluation(y, J, wall_s)`` over ``names``.
+    A :class:`fitting.fit.MeasuredProblem` for :func:`fitting.fit.fit_measured`: ``names``,
+    and ``problem(z, params) -> Evaluation(y, J, wall_s)`` over ``names``. Its runs hold
+    every parameter it does not fit at the film defaults, so ``params`` must too (None
+    stands for them); a ``params`` that differs there is refused, not ignored.
 
     Args:
         names: the fitted parameters (a subset of BAG_NAMES; the lattice spans these only,
@@ -487,10 +489,28 @@ class BagRestProblem:
         self.runs += 1
         return self._map([self._task(zfull)])[0]
 
+    def _check_unfitted(self, params) -> None:
+        if params is None:
+            return
+        from ipcjax.model import Params
+
+        d0 = Params.film_defaults()
+        off = [f"{n}={np.asarray(getattr(params, n)).tolist()} (film default {np.asarray(getattr(d0, n)).tolist()})"
+               for n in Params._fields if n not in self.names
+               and not np.array_equal(np.asarray(getattr(params, n), np.float64), np.asarray(getattr(d0, n), np.float64))]
+        if off:
+            raise ValueError("the bag fit runs every parameter it does not fit at the film default; params has "
+                             + ", ".join(off))
+
     def __call__(self, z, params) -> Evaluation:
         """(ȳ, J̄) at the log-parameters z (over ``names``), running the lattice points it
-        needs that have not run yet; the parameters not fitted are the film defaults'
-        (``params``, which :func:`fit_measured` passes, is not read)."""
+        needs that have not run yet; the parameters not fitted are the film defaults'.
+
+        Raises:
+            ValueError: ``params`` (None, or what :func:`fit_measured` passes) differs from
+                the film defaults in a parameter not in ``names``: the runs could not honour it.
+        """
+        self._check_unfitted(params)
         t0 = time.perf_counter()
         z_asked = np.asarray(z, np.float64).reshape(len(self.names))
         lo, hi = (np.log([self.bounds[n][i] for n in self.names]) for i in (0, 1))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +149,21 @@ class Evaluation(NamedTuple):
     y: np.ndarray       # (m,) measurements
     J: np.ndarray       # (m, k) ∂y/∂z over the problem's k names
     wall_s: float       # this evaluation's wall time (incl. compilation on the first call)
+
+
+@runtime_checkable
+class MeasuredProblem(Protocol):
+    """What :func:`fit_measured` needs of a problem: the parameters its log-parameters z
+    hold, and the measurements with their Jacobian at z. :class:`MeasuredRollout` (one
+    compiled rollout) and :class:`fitting.bag_rest.BagRestProblem` (smoothed bag runs)
+    honour it."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, z, params: Params) -> Evaluation:
+        """(y, J = ∂y/∂z) at log-parameters z over ``names``, the other parameters from
+        ``params``; raises FitFailed when a run it needs failed."""
+        ...
 
 
 class MeasuredRollout:
@@ -323,15 +338,19 @@ def _check_target(target) -> np.ndarray:
     return t
 
 
-def fit_measured(problem: MeasuredRollout, target, params0: Params, names: Sequence[str] | None = None, *,
+def fit_measured(problem: MeasuredProblem, target, params0: Params, names: Sequence[str] | None = None, *,
                  optimizer: optax.GradientTransformation | None = None, iterations: int = 60,
                  loss_tol: float = 1e-10, rel_tol: float = 0.0, scale=None,
                  progress: bool = True) -> FitResult:
     """Fit ``names`` (default: all of ``problem.names``) on one compiled ``problem``.
 
     The parameters of ``problem.names`` that are not fitted stay at their values in
-    ``params0``. Arguments, result and errors as in :func:`fit`.
+    ``params0``. Arguments, result and errors as in :func:`fit`; ``problem`` is any
+    :class:`MeasuredProblem`.
     """
+    if not isinstance(problem, MeasuredProblem):
+        raise TypeError(f"problem must be a MeasuredProblem (names and __call__(z, params) -> Evaluation); "
+                        f"got {type(problem).__name__}")
     compile_guard.release_if_crowded()
     names = problem.names if names is None else _check_names(names)
     extra = [n for n in names if n not in problem.names]

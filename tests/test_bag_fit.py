@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fitting import bag_rest as br
-from fitting.fit import from_z
+from fitting.fit import MeasuredProblem, from_z
 from ipcjax.candidates import initial_capacity
 from ipcjax.model import Config, Controls, Params
 from scenes.film import cantilever_scene
@@ -346,6 +346,12 @@ def test_problem_runs_each_lattice_point_once_and_evaluates_past_its_range_at_th
     assert max(s_[0] for s_ in seen) == pytest.approx(d[0] + (math.floor((math.log(1260e6) - d[0]) / h) + 2) * h)
     nd = pb.run(np.array([z]))                                              # the fitted value's own run, off the lattice
     assert nd.z[0] == pytest.approx(z) and pb.runs == len(seen)
+    # params as fit_measured passes them: the fitted E may be anything, the rest must be the
+    # film defaults the runs hold; another μf is refused, not ignored
+    pb(np.array([z]), Params.film_defaults(youngs_modulus=2e9))
+    with pytest.raises(ValueError, match=r"does not fit at the film default; params has friction=0.3 "):
+        pb(np.array([z]), Params.film_defaults(friction=0.3))
+    assert isinstance(pb, MeasuredProblem)
 
 
 def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):

@@ -159,6 +159,9 @@ def test_subset_fit_holds_the_other_parameters_and_uses_their_columns():
     assert float(res.params.bending_scale) == 3.0 and float(res.params.youngs_modulus) == 315e6
     with pytest.raises(ValueError, match="thickness not among the problem's parameters"):
         fit_measured(problem, ev.y, truth, ["thickness"], progress=False)
+    # a problem is a MeasuredProblem: names and (z, params) -> Evaluation
+    with pytest.raises(TypeError, match="problem must be a MeasuredProblem .* got function"):
+        fit_measured(lambda z, p: ev, ev.y, truth, progress=False)
 
 
 def test_levenberg_marquardt_small_damping_step_solves_linear_least_squares():
