@@ -11,14 +11,14 @@ import argparse
 import numpy as np
 
 from ipcjax import runfolder
-from ipcjax.model import LINEAR_SOLVERS, Params
+from ipcjax.model import LINEAR_SOLVERS, PARAM_RANGES, Params
 
-#: The film parameters ``ipcjax bag`` takes, flag: (Params field, help, smallest value, its
-#: bound included).
+#: The film parameters ``ipcjax bag`` takes, flag: (Params field, help); their ranges are
+#: ipcjax.model.PARAM_RANGES'.
 FILM_FLAGS = {
-    "--youngs-modulus": ("youngs_modulus", "film Young's modulus E, Pa (default 315e6)", 0.0, False),
-    "--friction": ("friction", "friction coefficient μf (default 0.35)", 0.0, True),
-    "--bending-scale": ("bending_scale", "bending stiffness scale kθ (default 1)", 0.0, True),
+    "--youngs-modulus": ("youngs_modulus", "film Young's modulus E, Pa (default 315e6)"),
+    "--friction": ("friction", "friction coefficient μf (default 0.35)"),
+    "--bending-scale": ("bending_scale", "bending stiffness scale kθ (default 1)"),
 }
 
 
@@ -38,20 +38,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mesh-every", type=int, default=24, help="every n-th saved frame as .vtu/.obj in meshes/ (0: none)")
     ap.add_argument("--no-pictures", action="store_true", help="skip the time-series plot and the phase snapshots")
     ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse", help="Newton linear solve")
-    for flag, (_, what, _, _) in FILM_FLAGS.items():
+    for flag, (_, what) in FILM_FLAGS.items():
         ap.add_argument(flag, type=float, help=what)
     return ap
 
 
 def film_params(args: argparse.Namespace, check) -> Params | None:
     """The film's Params from the film flags given, the rest at the film defaults; None when
-    none is given. A value that is not finite or out of range is refused, naming its flag."""
+    none is given. A value that is not finite or out of its range (PARAM_RANGES) is refused,
+    naming its flag."""
     given = {}
-    for flag, (field, _, low, closed) in FILM_FLAGS.items():
+    for flag, (field, _) in FILM_FLAGS.items():
         value = getattr(args, field)
         if value is not None:
-            check(np.isfinite(value) and (value >= low if closed else value > low),
-                  f"{flag} must be a finite number {'≥' if closed else '>'} {low:g}; got {value}")
+            in_range, what = PARAM_RANGES[field]
+            check(bool(np.isfinite(value) and in_range(value)), f"{flag} must be a finite number {what}; got {value}")
             given[field] = value
     return Params.film_defaults(**given) if given else None
 
@@ -67,7 +68,7 @@ def run(argv, check, positive) -> int:
     params = film_params(args, check)
     from scenes.bag_run import BagRunOptions, run_bag
 
-    film = tuple(field for field, *_ in FILM_FLAGS.values())
+    film = tuple(field for field, _ in FILM_FLAGS.values())
     options = {k: v for k, v in vars(args).items() if k != "no_pictures" and k not in film}
     result = run_bag(BagRunOptions(**options, pictures=not args.no_pictures, params=params))
     print(runfolder.dumps(result.summary))

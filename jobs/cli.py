@@ -3,7 +3,8 @@
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
 ``scenes.bag_run``, ``fitting.app``, ``jobs.compare``, ``baselines.verlet``), imported
 lazily; ``ipcjax bag``'s and ``ipcjax fit``'s flags are turned into options in
-:mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the one that imports scenes/, fitting/ and baselines/ all.
+:mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the one that imports scenes/,
+fitting/ and baselines/ all.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class BagMesh(NamedTuple):
 
 
 def quad_grid_triangles(nu: int, nv: int, vertex, *, u_outer: bool = False, alternate: bool = False,
-                   dtype=np.int32) -> np.ndarray:
+                        dtype=np.int32) -> np.ndarray:
     """The two triangles of each cell of an nu × nv grid of quad cells, (2 nu nv, 3).
 
     Cell (i, j), i < nu along u and j < nv along v, has corners p00 = vertex(i, j),

@@ -6,8 +6,8 @@ frees compiled programs when the process holds too many memory mappings."""
 import os
 
 # Most of the suite's time is XLA compiling (docs/benchmarks.md "The test suite"). With
-# XLA's older CPU kernel emitter the same programs compile in about three quarters of the
-# time and give the same bits; the library does not set it for its users, because the
+# XLA's older CPU kernel emitter the same programs compile in about 0.7 of the time and
+# gave the same bits; the library does not set it for its users, because the
 # bag's stepping ran 1.12x slower under it (docs/benchmarks.md "The older kernel emitter").
 # Set before JAX starts its backends (XLA reads XLA_FLAGS once, then); inherited by the
 # xdist workers and the jobs the tests start; an XLA_FLAGS that names the flag wins

@@ -82,7 +82,7 @@ def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (["--save-every", "0"], "--save-every must be ≥ 1"),
     (["--checkpoint-every", "0"], "--checkpoint-every must be ≥ 1"),
     (["--mesh-every", "-1"], "--mesh-every must be ≥ 0"),
-    (["--youngs-modulus", "0"], "--youngs-modulus must be a finite number > 0; got 0.0"),
+    (["--youngs-modulus", "0"], "--youngs-modulus must be a finite number > 0 Pa; got 0.0"),
     (["--friction", "-0.1"], "--friction must be a finite number ≥ 0; got -0.1"),
     (["--bending-scale", "nan"], "--bending-scale must be a finite number ≥ 0; got nan"),
 ])
