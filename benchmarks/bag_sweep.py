@@ -5,19 +5,19 @@ bag-fit section.
 
 Runs the bag from the tie checkpoint (scenes/data/bag_full_tie.npz, 8.40 s) to 10.50 s at
 the fit's lattice points 2^(k/7) × the parameter's film default, k a multiple of w
-(``--width``, default 2: the fit's lattice step 2 ln 2 / 7, fitting.bag_rest.DEFAULT_STEP),
+(``--width``, default 2: the fit's lattice step 2 ln 2 / 7, fitting.smoothing.DEFAULT_STEP),
 from the lattice nodes of k = −7 (× 0.5) to those of k = 7 (× 2.0): k = −10, −8, … 10 for
-w = 2. Each run is :func:`fitting.bag_rest.run_node` in ``--workers`` processes, and appends
+w = 2. Each run is :func:`fitting.bag_nodes.run_node` in ``--workers`` processes, and appends
 one JSON line per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the rest-state
 Jacobian in mm per unit log-parameter, wall time; or the error). A sweep stopped part-way
 continues where it stopped, and ``--k=K1,K2,…`` runs only those grid points (any k, on the
 lattice or not); its run folders are named as the fit's nodes
-(fitting.bag_rest.node_folder), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
+(fitting.bag_nodes.node_folder), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
 sweep with ``--out D/nodes``. ``python3 benchmarks/bag_sweep.py --report --out OUT`` prints
 the table: at each grid point k = −7 … 7 the single run (where there is one), the fit's
 spline-smoothed measurements and loss against a target, the loss's slope between
 neighbouring points beside the smoothed loss's own gradient and the rest-state one
-(fitting.bag_rest), and the trend and scatter of the single runs. ``--recover`` takes each
+(fitting.smoothing), and the trend and scatter of the single runs. ``--recover`` takes each
 single run as a fit's targets and prints where the smoothed loss is smallest: what one
 run's scatter does to a fit whose targets are one bag. ``--compare FILE`` prints how far
 the runs of another sweep file lie from their twins here (reruns).
@@ -39,10 +39,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _one(args):
     import ipcjax  # noqa: F401  (float64)
-    from fitting.bag_rest import BAG_NAMES, NodeFailed, _full_z, node_folder, run_node
+    from fitting.bag_nodes import NodeFailed, full_z, node_folder, run_node
+    from fitting.rest_derivative import BAG_NAMES
 
     param, factor, out, start = args
-    z = _full_z((param,), [math.log(factor) + _full_z((), [])[BAG_NAMES.index(param)]])
+    z = full_z((param,), [math.log(factor) + full_z((), [])[BAG_NAMES.index(param)]])
     try:
         nd = run_node(start, z, os.path.join(out, node_folder(z, start)), reuse=True)
     except NodeFailed as e:
@@ -51,13 +52,13 @@ def _one(args):
                 residual_ratio=nd.residual_ratio, stable=nd.stable, max_speed_m_s=nd.max_speed, wall_s=nd.wall_s)
 
 
-STEP = math.log(2.0) / 7  # the grid step in log-parameters (fitting.bag_rest.DEFAULT_STEP is 2 steps)
+STEP = math.log(2.0) / 7  # the grid step in log-parameters (fitting.smoothing.DEFAULT_STEP is 2 steps)
 
 
 def lattice_ks(half: int, width: int) -> list:
     """The grid points k (multiples of ``width``) of the lattice nodes that the smoothed
     measurements at k = −half … half need."""
-    from fitting.bag_rest import lattice_support
+    from fitting.smoothing import lattice_support
 
     top = int(lattice_support([half / width])[0].max())
     return [j * width for j in range(-top, top + 1)]
@@ -68,7 +69,9 @@ def _lattice(folder, param, width: int):
     smoothing over its lattice nodes (every ``width``-th grid point): ``smoothed(u)`` at
     u grid steps (any real u) gives (ȳ, its spline derivative, the nodes' weighted
     rest-state derivative) in mm per unit log-parameter, or None where a node is missing."""
-    from fitting.bag_rest import BAG_NAMES, lattice_smooth, lattice_support, NodeResult
+    from fitting.bag_nodes import NodeResult
+    from fitting.rest_derivative import BAG_NAMES
+    from fitting.smoothing import lattice_smooth, lattice_support
 
     h = width * STEP
     rows = [r for r in map(json.loads, open(os.path.join(folder, "sweep.jsonl"))) if r["param"] == param]
@@ -125,7 +128,7 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100)
 def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2, span: int = 7) -> dict:
     """The smoothed loss along the sweep and its two gradients, from sweep.jsonl.
 
-    The fit's smoothing (fitting.bag_rest.lattice_smooth) on the lattice of every
+    The fit's smoothing (fitting.smoothing.lattice_smooth) on the lattice of every
     ``width``-th grid point (step h = ``width`` grid steps; the fit's default is 2), evaluated
     at the grid points k = −span … span whose four lattice nodes have all run:
     ȳ = Σ w_j y_j, L = Σ ((ȳ − t)/1 mm)², the spline gradient 2 rᵀ Σ y_j ∂w_j/∂z (the fit's)

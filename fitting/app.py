@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fitting.bag_rest import DEFAULT_STEP
 from fitting.fit import FitFailed, MeasuredRollout, fit_measured, levenberg_marquardt, plot_history, to_z
+from fitting.smoothing import DEFAULT_STEP
 from ipcjax.runfolder import prepare, write_json
 
 POUCH_PARAMS = ("youngs_modulus", "friction", "bending_scale")
@@ -320,14 +320,15 @@ class BagFitOptions(NamedTuple):
     iterations: int = 30                # maximum evaluations (one inside known lattice cells runs nothing)
     step: float = DEFAULT_STEP          # lattice step of the smoothing in log-parameter space (2 ln 2 / 7)
     noise_mm: float = 0.5               # measurement noise of the error bar, mm
-    model_scatter_mm: tuple | None = None  # one run's scatter (neck x, y, flap), mm (None: bag_rest.MODEL_SCATTER_MM)
-    estimator: str = "spline"           # the smoothed Jacobian (fitting.bag_rest.ESTIMATORS)
+    model_scatter_mm: tuple | None = None  # one run's scatter (neck x, y, flap), mm (None: uncertainty.MODEL_SCATTER_MM)
+    estimator: str = "spline"           # the smoothed Jacobian (fitting.smoothing.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
     progress: bool = True
 
     def check(self) -> None:
         """ValueError naming the option that is unusable."""
-        from fitting.bag_rest import BAG_NAMES, ESTIMATORS
+        from fitting.rest_derivative import BAG_NAMES
+        from fitting.smoothing import ESTIMATORS
 
         names = tuple(self.names)
         if not 1 <= len(names) <= 2 or any(n not in BAG_NAMES for n in names) or len(set(names)) != len(names):
@@ -366,7 +367,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     Args:
         out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
             the measurement noise, identifiability, what the model's own scatter allows
-            (:func:`fitting.bag_rest.scatter_budget`), the fitted run, the reach message if
+            (:func:`fitting.uncertainty.scatter_budget`), the fitted run, the reach message if
             any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
             ``nodes/`` (each run's folder).
         targets: measured (neck x, neck y, flap) in m; None: synthetic, the smoothed
@@ -376,7 +377,10 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         model's reach (``outside_reach`` says why) or the fit failed (``failed``).
     """
     from fitting import bag_rest as br
+    from fitting.bag_nodes import NodeFailed
     from fitting.fit import FitResult
+    from fitting.rest_derivative import BAG_NAMES
+    from fitting.uncertainty import MODEL_SCATTER_MM, identifiability, interval, reach_message, scatter_budget
     from ipcjax.model import Params
     from ipcjax.runfolder import Trajectory, read_npz
     from scenes.bag import SPHERE_RADII
@@ -396,7 +400,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
                   params=list(names), start_state=os.path.abspath(start), lattice_step_log=options.step,
                   estimator=options.estimator, noise_mm=options.noise_mm,
                   bounds={n: list(problem.bounds[n]) for n in names},
-                  known_params={n: float(getattr(known, n)) for n in br.BAG_NAMES})
+                  known_params={n: float(getattr(known, n)) for n in BAG_NAMES})
     synthetic = targets is None
     result, failed, outside, fitted_run = None, None, None, None
     try:
@@ -413,7 +417,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         result = fit_measured(problem, targets, p0, names, optimizer=levenberg_marquardt(),
                               iterations=options.iterations, loss_tol=1e-4, rel_tol=1e-6, scale=SHAPE_SCALE,
                               progress=options.progress)
-    except (br.NodeFailed, FitFailed) as e:
+    except (NodeFailed, FitFailed) as e:
         failed = str(e)
     recs = problem.records
     record["iterates"] = recs
@@ -428,7 +432,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             tr = read_npz(os.path.join(nd.run_dir, "trajectory.npz"), "fitted run trajectory")
             last = Trajectory(tr["film"][-1:], tr["spheres"][-1:], tr["faces"], tr["time"][-1:])
             export_meshes(os.path.join(out, "mesh"), last, SPHERE_RADII, prefix="fitted")
-    except br.NodeFailed as e:
+    except NodeFailed as e:
         failed = f"the fitted value's own run: {e}"
     finally:
         problem.close()
@@ -436,16 +440,16 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         J = np.asarray(best["J"]) * 1e3
         w = np.asarray([nd["weight"] for nd in best["nodes"]])
         J_rest = np.tensordot(w, np.asarray([nd["J_rest"] for nd in best["nodes"]]), axes=1) * 1e3
-        outside = br.reach_message(names, problem.bounds, recs, targets)
+        outside = reach_message(names, problem.bounds, recs, targets)
         record.update(
             best=dict(params=best["params"], y_mm=(np.asarray(best["y"]) * 1e3).tolist(), loss_mm2=loss(best)),
             fitted_run=fitted_run,
             jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),
-            interval_1sigma=br.interval(J, names, best["params"], options.noise_mm),
-            identifiability=dict(smoothed=br.identifiability(J, names, options.noise_mm),
-                                 rest_state=br.identifiability(J_rest, list(br.BAG_NAMES), options.noise_mm)),
-            model_scatter=br.scatter_budget(J, names, best["params"], options.model_scatter_mm or br.MODEL_SCATTER_MM,
-                                            effective_runs=best["effective_runs"]))
+            interval_1sigma=interval(J, names, best["params"], options.noise_mm),
+            identifiability=dict(smoothed=identifiability(J, names, options.noise_mm),
+                                 rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
+            model_scatter=scatter_budget(J, names, best["params"], options.model_scatter_mm or MODEL_SCATTER_MM,
+                                         effective_runs=best["effective_runs"]))
         history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))

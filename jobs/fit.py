@@ -14,7 +14,8 @@ import numpy as np
 
 from fitting import app
 from fitting.app import BagFitOptions, FlagError, ShapeFitOptions, check_window_flags, targets_from
-from fitting.bag_rest import DEFAULT_STEP, SPEC_TARGETS
+from fitting.bag_rest import SPEC_TARGETS
+from fitting.smoothing import DEFAULT_STEP
 from ipcjax import runfolder
 
 

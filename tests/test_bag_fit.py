@@ -1,6 +1,7 @@
-"""The bag fit's parts (fitting/bag_rest.py): the rest-state derivative against finite
-differences of static equilibria, the smoothing rule, the error bar, the reach message,
-and the problem's refusals. The fit itself runs the 481-vertex bag (slow:
+"""The bag fit's parts: the rest-state derivative (fitting/rest_derivative.py) against
+finite differences of static equilibria, the smoothing rule (fitting/smoothing.py), the
+error bar and the reach message (fitting/uncertainty.py), and the problem's refusals
+(fitting/bag_rest.py). The fit itself runs the 481-vertex bag (slow:
 tests/test_bag_fit_slow.py)."""
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fitting import bag_rest as br
+from fitting import bag_nodes, bag_rest as br, rest_derivative as rd, smoothing as sm, uncertainty as unc
 from fitting.fit import MeasuredProblem, from_z
 from ipcjax.candidates import initial_capacity
 from ipcjax.model import Config, Controls, Params
 from scenes.film import cantilever_scene
 
-NAMES = br.BAG_NAMES
+NAMES = rd.BAG_NAMES
 
 
 # --------------------------------------------------------------------------- rest-state derivative
@@ -36,7 +37,7 @@ def cantilever():
     ctl = Controls.empty(m.n_particles)
     tip = jnp.asarray(sc.tip)
     measure = lambda x: jnp.stack([jnp.mean(x[tip, 2]), x[tip[-1], 0] - x[tip[0], 0], jnp.max(x[:, 2])])
-    return sc, m, cfg, cap, ctl, measure, br.make_rest_jacobian(m, cfg, cap, measure)
+    return sc, m, cfg, cap, ctl, measure, rd.make_rest_jacobian(m, cfg, cap, measure)
 
 
 _SOLVERS = {}
@@ -53,8 +54,8 @@ def _static_solve(m, cfg, cap, ctl, params, x_start, dt):
         cs, _ = query_contacts(anchor, anchor, m, cfg, cap)
 
         def G(u, p):
-            prob = br.rest_problem(m, cfg, p, anchor, ctl, dt=dt, contacts=cs)
-            return br.rest_residual(anchor.at[free].set(u.reshape(-1, 3)), prob, cs)
+            prob = rd.rest_problem(m, cfg, p, anchor, ctl, dt=dt, contacts=cs)
+            return rd.rest_residual(anchor.at[free].set(u.reshape(-1, 3)), prob, cs)
 
         _SOLVERS[id(m)] = (m, jax.jit(G), jax.jit(jax.jacfwd(G)))
     _, G, dG = _SOLVERS[id(m)]
@@ -115,29 +116,29 @@ def test_rest_jacobian_refuses_an_unstable_state(cantilever):
 
 
 def _node(z, y, J=None, *, stable=True, residual_ratio=0.0):
-    return br.NodeResult(z=np.asarray(z, float), y=np.asarray(y, float), J=np.zeros((3, 3)) if J is None else J,
+    return bag_nodes.NodeResult(z=np.asarray(z, float), y=np.asarray(y, float), J=np.zeros((3, 3)) if J is None else J,
                          residual_ratio=residual_ratio, stable=stable, max_speed=0.0, wall_s=0.0, run_dir="")
 
 
 def test_check_rest_refuses_what_the_rest_derivative_cannot_use():
     z = np.log([315e6, 0.35, 1.0])
-    br.check_rest(_node(z, [0.04, 0.04, 0.015]))
-    with pytest.raises(br.NodeFailed, match="not a stable equilibrium"):
-        br.check_rest(_node(z, [0.04, 0.04, 0.015], stable=False))
-    with pytest.raises(br.NodeFailed, match=r"youngs_modulus = 3.15e\+08.*not at rest: unbalanced force 0.02"):
-        br.check_rest(_node(z, [0.04, 0.04, 0.015], residual_ratio=0.02))
-    with pytest.raises(br.NodeFailed, match="not finite"):
-        br.check_rest(_node(z, [0.04, 0.04, 0.015], np.full((3, 3), np.nan)))
+    bag_nodes.check_rest(_node(z, [0.04, 0.04, 0.015]))
+    with pytest.raises(bag_nodes.NodeFailed, match="not a stable equilibrium"):
+        bag_nodes.check_rest(_node(z, [0.04, 0.04, 0.015], stable=False))
+    with pytest.raises(bag_nodes.NodeFailed, match=r"youngs_modulus = 3.15e\+08.*not at rest: unbalanced force 0.02"):
+        bag_nodes.check_rest(_node(z, [0.04, 0.04, 0.015], residual_ratio=0.02))
+    with pytest.raises(bag_nodes.NodeFailed, match="not finite"):
+        bag_nodes.check_rest(_node(z, [0.04, 0.04, 0.015], np.full((3, 3), np.nan)))
 
 
 def test_bspline_is_a_partition_of_unity_that_reproduces_lines():
     u = np.linspace(-3.0, 3.0, 601)
     j = np.arange(-6, 7)
-    N = br.bspline3(u[:, None] - j[None, :])
+    N = sm.bspline3(u[:, None] - j[None, :])
     assert np.all(N >= 0)
     np.testing.assert_allclose(N.sum(1), 1.0, rtol=0, atol=1e-14)
     np.testing.assert_allclose(N @ j, u, rtol=0, atol=1e-13)
-    np.testing.assert_allclose(br.bspline3(np.array([0.0, 1.0, 2.0])), [2 / 3, 1 / 6, 0.0], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(sm.bspline3(np.array([0.0, 1.0, 2.0])), [2 / 3, 1 / 6, 0.0], rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("u", [-1.7, -1.25, -0.6, -0.2, 0.3, 0.8, 1.1, 1.6])
@@ -145,8 +146,8 @@ def test_bspline_derivative_matches_central_differences_inside_each_piece(u):
     """dN/du against central differences with h = 1e-6, at points at least 0.1 from the
     knots (one polynomial piece on both sides), float64."""
     h = 1e-6
-    fd = (br.bspline3(u + h) - br.bspline3(u - h)) / (2 * h)
-    d = br.bspline3_derivative(u)
+    fd = (sm.bspline3(u + h) - sm.bspline3(u - h)) / (2 * h)
+    d = sm.bspline3_derivative(u)
     assert abs(d) > 1e-3
     np.testing.assert_allclose(d, fd, rtol=1e-8)
 
@@ -156,31 +157,31 @@ def test_bspline_is_c2_across_its_knots():
     knots 0, ±1, ±2."""
     e = 1e-7
     for k in (-2.0, -1.0, 0.0, 1.0, 2.0):
-        assert abs(br.bspline3(k + e) - br.bspline3(k - e)) < 1e-6
-        assert abs(br.bspline3_derivative(k + e) - br.bspline3_derivative(k - e)) < 1e-6
-        c = lambda x: (br.bspline3_derivative(x + 1e-4) - br.bspline3_derivative(x - 1e-4)) / 2e-4
+        assert abs(sm.bspline3(k + e) - sm.bspline3(k - e)) < 1e-6
+        assert abs(sm.bspline3_derivative(k + e) - sm.bspline3_derivative(k - e)) < 1e-6
+        c = lambda x: (sm.bspline3_derivative(x + 1e-4) - sm.bspline3_derivative(x - 1e-4)) / 2e-4
         assert abs(c(k + 1e-3) - c(k - 1e-3)) < 1e-2
 
 
 @pytest.mark.parametrize("u, n", [([0.3], 4), ([2.0], 3), ([-0.4, 1.0], 12), ([0.5, 0.5], 16)])
 def test_lattice_support_is_the_tensor_product_of_the_splines(u, n):
-    idx, w, dw = br.lattice_support(np.asarray(u))
+    idx, w, dw = sm.lattice_support(np.asarray(u))
     assert idx.shape == (n, len(u)) and w.shape == (n,) and dw.shape == (n, len(u))
     assert np.all(w > 0) and math.isclose(w.sum(), 1.0, rel_tol=1e-14)
     np.testing.assert_allclose(w @ idx, u, atol=1e-13)          # the lattice reproduces lines
     np.testing.assert_allclose(dw.sum(0), 0.0, atol=1e-13)       # Σ w stays 1
     for i in range(len(u)):                                      # ∂w/∂uᵢ against central differences
         du = np.zeros(len(u)); du[i] = 1e-6
-        wp = dict(zip(map(tuple, br.lattice_support(np.asarray(u) + du)[0]), br.lattice_support(np.asarray(u) + du)[1]))
-        wm = dict(zip(map(tuple, br.lattice_support(np.asarray(u) - du)[0]), br.lattice_support(np.asarray(u) - du)[1]))
+        wp = dict(zip(map(tuple, sm.lattice_support(np.asarray(u) + du)[0]), sm.lattice_support(np.asarray(u) + du)[1]))
+        wm = dict(zip(map(tuple, sm.lattice_support(np.asarray(u) - du)[0]), sm.lattice_support(np.asarray(u) - du)[1]))
         fd = np.array([(wp.get(tuple(j), 0.0) - wm.get(tuple(j), 0.0)) / 2e-6 for j in idx])
         np.testing.assert_allclose(dw[:, i], fd, rtol=1e-6, atol=1e-9)
 
 
 def test_effective_runs_of_the_lattice_weights():
-    assert br.effective_runs(br.lattice_support([0.0])[1]) == pytest.approx(2.0)
-    assert br.effective_runs(br.lattice_support([0.5])[1]) == pytest.approx(1 / (2 * (23 / 48) ** 2 + 2 / 48**2))
-    assert br.effective_runs([0.25] * 4) == pytest.approx(4.0)
+    assert sm.effective_runs(sm.lattice_support([0.0])[1]) == pytest.approx(2.0)
+    assert sm.effective_runs(sm.lattice_support([0.5])[1]) == pytest.approx(1 / (2 * (23 / 48) ** 2 + 2 / 48**2))
+    assert sm.effective_runs([0.25] * 4) == pytest.approx(4.0)
 
 
 def test_lattice_smooth_of_a_line_is_the_line_and_its_slope():
@@ -189,7 +190,7 @@ def test_lattice_smooth_of_a_line_is_the_line_and_its_slope():
     weights, except for μf (path only), which always takes the spline's."""
     a, b = np.array([0.04, 0.03, 0.01]), np.array([0.2, 0.7, -1.1])
     h, z = 0.2, 0.37
-    idx, w, dw = br.lattice_support([z / h])
+    idx, w, dw = sm.lattice_support([z / h])
     for name in ("youngs_modulus", "friction"):
         k = NAMES.index(name)
         nodes = []
@@ -197,15 +198,15 @@ def test_lattice_smooth_of_a_line_is_the_line_and_its_slope():
             J = np.zeros((3, 3)); J[:, k] = b
             zz = np.zeros(3); zz[k] = j * h
             nodes.append(_node(zz, a + b * j * h, J))
-        ybar, Js = br.lattice_smooth(nodes, w, dw, (name,), h, "spline")
+        ybar, Js = sm.lattice_smooth(nodes, w, dw, (name,), h, "spline")
         np.testing.assert_allclose(ybar, a + b * z, rtol=1e-12)
         np.testing.assert_allclose(Js[:, 0], b, rtol=1e-10)
-        _, Jr = br.lattice_smooth(nodes, w, dw, (name,), h, "rest")
+        _, Jr = sm.lattice_smooth(nodes, w, dw, (name,), h, "rest")
         np.testing.assert_allclose(Jr[:, 0], b, rtol=1e-10)
     # a node derivative that disagrees with the values shows in "rest", not in "spline"
     nodes = [_node(np.zeros(3), a + b * j * h, np.full((3, 3), 9.0)) for j in idx[:, 0]]
-    assert np.allclose(br.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h, "rest")[1], 9.0)
-    np.testing.assert_allclose(br.lattice_smooth(nodes, w, dw, ("friction",), h, "rest")[1][:, 0], b, rtol=1e-10)
+    assert np.allclose(sm.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h, "rest")[1], 9.0)
+    np.testing.assert_allclose(sm.lattice_smooth(nodes, w, dw, ("friction",), h, "rest")[1][:, 0], b, rtol=1e-10)
 
 
 def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
@@ -215,9 +216,9 @@ def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
     h = 0.2
 
     def ybar_J(z):
-        idx, w, dw = br.lattice_support([z / h])
+        idx, w, dw = sm.lattice_support([z / h])
         nodes = [_node(np.zeros(3), np.full(3, float(j >= 1))) for j in idx[:, 0]]
-        return br.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h)
+        return sm.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h)
 
     assert ybar_J(-1.0 * h)[0][0] == 0.0 and ybar_J(2.0 * h)[0][0] == pytest.approx(1.0, abs=1e-15)
     zs = np.linspace(-0.99 * h, 1.99 * h, 81)   # the ramp: the nodes 0 and 1 both in the support
@@ -233,23 +234,23 @@ def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
 
 def test_interval_is_the_gauss_newton_one_and_infinite_where_blind():
     J = np.array([[4.0], [3.0], [0.0]])                  # ‖J‖ = 5 mm per unit log
-    iv = br.interval(J, ("youngs_modulus",), {"youngs_modulus": 300e6}, 0.5)["youngs_modulus"]
+    iv = unc.interval(J, ("youngs_modulus",), {"youngs_modulus": 300e6}, 0.5)["youngs_modulus"]
     assert math.isclose(iv["sigma_log"], 0.1)
     assert math.isclose(iv["low"], 300e6 * math.exp(-0.1)) and math.isclose(iv["high"], 300e6 * math.exp(0.1))
-    blind = br.interval(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
+    blind = unc.interval(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
                         {"youngs_modulus": 1.0, "bending_scale": 1.0}, 0.5)
     assert math.isinf(blind["bending_scale"]["sigma_log"]) and math.isinf(blind["bending_scale"]["high"])
-    ident = br.identifiability(np.array([[4.0, 1e-3], [3.0, 0.0], [1.0, 0.0]]), ["youngs_modulus", "bending_scale"],
+    ident = unc.identifiability(np.array([[4.0, 1e-3], [3.0, 0.0], [1.0, 0.0]]), ["youngs_modulus", "bending_scale"],
                                0.5)
     assert ident["below_noise"] == ["bending_scale"] and ident["condition_number"] > 1e3
 
 
 def test_interval_weights_each_measurement_by_its_own_noise():
     J = np.array([[4.0], [3.0], [1.0]])
-    iv = br.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 1.0, 2.0])["youngs_modulus"]
+    iv = unc.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 1.0, 2.0])["youngs_modulus"]
     assert math.isclose(iv["sigma_log"], 1.0 / math.sqrt(16 / 0.25 + 9 / 1.0 + 1 / 4.0))
     with pytest.raises(ValueError, match="noise must be > 0 mm for every measurement"):
-        br.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 0.0, 1.0])
+        unc.interval(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, [0.5, 0.0, 1.0])
 
 
 def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
@@ -258,7 +259,7 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     ⌈(σ_z/log(1 + g))²⌉."""
     J = np.array([[15.0], [12.0], [-2.0]])
     s = (1.7, 3.3, 1.1)
-    b = br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, effective_runs=2.0)
+    b = unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 315e6}, s, effective_runs=2.0)
     sz = 1.0 / math.sqrt(2 * sum((j / si) ** 2 for j, si in zip(J[:, 0], s)))
     iv = b["interval_1sigma"]["youngs_modulus"]
     assert math.isclose(iv["sigma_log"], sz) and 0.05 < sz < 0.1
@@ -267,11 +268,11 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     # K of them per node reach the goal, one fewer does not
     k = need["2%"]
     assert sz / math.sqrt(k) <= math.log(1.02) < sz / math.sqrt(k - 1)
-    blind = br.scatter_budget(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
+    blind = unc.scatter_budget(np.array([[4.0, 0.0], [3.0, 0.0], [1.0, 0.0]]), ("youngs_modulus", "bending_scale"),
                               {"youngs_modulus": 1.0, "bending_scale": 1.0}, s, effective_runs=4.0)
     assert blind["runs_per_node_for"]["bending_scale"] == {"2%": None, "5%": None}
     with pytest.raises(ValueError, match="effective_runs must be > 0"):
-        br.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=0.0)
+        unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=0.0)
 
 
 def _record(value, y, J):
@@ -284,12 +285,12 @@ def test_reach_message_names_the_range_when_the_loss_falls_outward_at_its_end():
     # at the lower end the neck is still too wide and grows with E: the loss falls below the range
     recs = [_record(300e6, [47e-3, 42e-3, 15.7e-3], [5e-3, 3e-3, 1e-3]),
             _record(80e6, [44e-3, 41e-3, 15e-3], [5e-3, 3e-3, 1e-3])]
-    msg = br.reach_message(("youngs_modulus",), bounds, recs, t)
+    msg = unc.reach_message(("youngs_modulus",), bounds, recs, t)
     assert msg is not None and msg.startswith("no youngs_modulus in [7.875e+07, 1.26e+09] brings the neck")
     assert "44.00 × 41.00 mm" in msg
     # an interior minimum: no message
     recs = [_record(300e6, [38.9e-3, 37.1e-3, 18.4e-3], [5e-3, 3e-3, 1e-3])]
-    assert br.reach_message(("youngs_modulus",), bounds, recs, t) is None
+    assert unc.reach_message(("youngs_modulus",), bounds, recs, t) is None
 
 
 # --------------------------------------------------------------------------- the problem's refusals
@@ -388,9 +389,9 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     best = min(rec["iterates"], key=lambda r: np.sum((np.asarray(r["y"]) - list(rec["target_m"].values())) ** 2))
     k = best["effective_runs"]
     assert 2.0 <= k <= 2.2
-    sz = 1.0 / math.sqrt(k * np.sum((slope * 1e3 / np.asarray(br.MODEL_SCATTER_MM)) ** 2))
+    sz = 1.0 / math.sqrt(k * np.sum((slope * 1e3 / np.asarray(unc.MODEL_SCATTER_MM)) ** 2))
     ms = rec["model_scatter"]
-    assert ms["effective_runs"] == k and ms["scatter_mm"] == list(br.MODEL_SCATTER_MM)
+    assert ms["effective_runs"] == k and ms["scatter_mm"] == list(unc.MODEL_SCATTER_MM)
     assert ms["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(sz, rel=1e-9)
     assert ms["runs_per_node_for"]["youngs_modulus"]["2%"] == math.ceil((sz / math.log(1.02)) ** 2)
     assert rec["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(

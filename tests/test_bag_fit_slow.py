@@ -9,7 +9,7 @@ them:
 
 * a node run twice gives the same measurements to 0.01 mm (the lattice smoothing rests
   on it: fitting/bag_rest.py);
-* the smoothed loss's gradient (the spline's derivative, fitting/bag_rest.py) against
+* the smoothed loss's gradient (the spline's derivative, fitting/smoothing.py) against
   central differences of the same smoothed loss at E = 0.8, 1.05 and 1.25 × 315 MPa
   (``-s`` prints each pair);
 * ``ipcjax fit --scene bag`` for two iterations from the film default against the
@@ -26,7 +26,7 @@ import os
 import numpy as np
 import pytest
 
-from fitting import bag_rest as br
+from fitting import bag_nodes, bag_rest as br
 
 pytestmark = pytest.mark.slow
 SPEC = np.asarray(br.SPEC_TARGETS)
@@ -55,7 +55,7 @@ def test_a_node_run_twice_gives_the_same_measurements(lattice, tmp_path):
     504 contact steps: docs/differentiation.md)."""
     lattice(np.array([lattice.origin[0]]), None)
     first = lattice.nodes[(0,)]
-    again = br.run_node(br.DEFAULT_START, lattice.lattice_z((0,)), str(tmp_path / "again"))
+    again = bag_nodes.run_node(br.DEFAULT_START, lattice.lattice_z((0,)), str(tmp_path / "again"))
     d = np.abs(first.y - again.y)
     print(f"\nnode E × 1: {(first.y * 1e3).tolist()} mm, again {(again.y * 1e3).tolist()} mm, "
           f"largest difference {d.max() * 1e3:.3g} mm")
@@ -88,7 +88,7 @@ def test_smoothed_gradient_matches_central_differences_of_the_smoothed_loss(latt
 def test_ipcjax_fit_bag_writes_the_run_folder(lattice, tmp_path):
     """Two evaluations from the film default; the nodes folder is the module's, so the
     lattice runs the tests above made are reused (a fit reuses any finished run of the
-    same start and parameters: fitting.bag_rest.node_folder)."""
+    same start and parameters: fitting.bag_nodes.node_folder)."""
     from jobs.cli import main
 
     out = tmp_path / "fit"

@@ -103,7 +103,8 @@ def test_shape_fit_options_are_checked_before_any_compilation(tmp_path):
 def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint(tmp_path, monkeypatch):
     """``ipcjax fit --scene bag``: E, the specification's targets, the tie checkpoint; the
     exit status is 1 when no value was fitted (outside the model's reach or failed)."""
-    from fitting.bag_rest import DEFAULT_STEP, SPEC_TARGETS
+    from fitting.bag_rest import SPEC_TARGETS
+    from fitting.smoothing import DEFAULT_STEP
 
     seen = {}
 

@@ -1,0 +1,166 @@
+"""One node of the bag fit's lattice: a forward run of the bag in its own run folder,
+reused when met again (:func:`node_folder`), and the rest-state derivative at its end
+(:func:`run_node`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import numpy as np
+
+from fitting.rest_derivative import BAG_NAMES, make_rest_jacobian
+
+#: The final state must have ‖G(x)‖∞ below this × the largest force of one energy term on
+#: one particle for its rest-state derivative to be used (the unbalanced force of a bag
+#: that still moves; at the bag's end it is the FP32 rounding of the stored positions,
+#: 8e-4: docs/differentiation.md).
+REST_RESIDUAL_TOL = 0.01
+
+
+class NodeFailed(RuntimeError):
+    """A smoothing node's forward run or rest-state derivative failed (``params``,
+    ``reason``)."""
+
+    def __init__(self, params: dict, reason: str):
+        what = ", ".join(f"{k} = {v:.6g}" for k, v in params.items())
+        super().__init__(f"bag node at {what}: {reason}")
+        self.params, self.reason = params, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeResult:
+    """One smoothing node: its measurements, their rest-state Jacobian and diagnostics."""
+
+    z: np.ndarray          # (3,) log of BAG_NAMES at this node
+    y: np.ndarray          # (3,) neck x, neck y, flap (m) at the end of the run
+    J: np.ndarray          # (3, 3) dy/dz over BAG_NAMES, the rest-state derivative
+    residual_ratio: float  # ‖G(x)‖∞ / the largest force of one energy term on one particle
+    stable: bool           # H positive definite
+    max_speed: float       # m/s, the fastest particle at the end
+    wall_s: float
+    run_dir: str
+
+
+_WORKER: dict = {}  # per worker process: the scene and jitted rest Jacobian, built once
+
+
+def _rest_jacobian_for(sc, capacity):
+    key = (sc.resolution, capacity)
+    if key not in _WORKER:
+        import jax.numpy as jnp
+
+        from scenes.measure import shape
+
+        neck, rim = jnp.asarray(sc.neck), jnp.asarray(sc.rim)
+        _WORKER[key] = make_rest_jacobian(sc.model, sc.config, capacity, lambda x: shape(x, neck, rim))
+    return _WORKER[key]
+
+
+def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None, audit_every: int = 6,
+             reuse: bool = False) -> NodeResult:
+    """Run the bag from the state ``start`` with the log-parameters z (over BAG_NAMES) to
+    ``until`` (default: the protocol's end) and take the rest-state derivative there.
+
+    ``reuse``: take the run in ``out`` if it finished with these parameters (a sweep or
+    fit that continues). Whether the rest-state derivative may be used (``stable``,
+    ``residual_ratio``) is the caller's check (:func:`check_rest`).
+
+    Raises:
+        NodeFailed: a failed step, a self-intersecting audited frame, a contact query that
+            overflowed at the final state.
+    """
+    import jax.numpy as jnp
+
+    from ipcjax import runfolder
+    from ipcjax.model import Params
+    from ipcjax.step import check_geometry
+    from scenes.bag import PROTOCOLS, bag_scene
+    from scenes.bag_run import BagRunOptions, read_bag_state, run_bag
+
+    t0 = time.perf_counter()
+    known = dict(zip(BAG_NAMES, np.exp(np.asarray(z, np.float64)).tolist()))
+    params = Params.film_defaults(**known)
+    rs = runfolder.read_npz(start, "--start")
+    resolution, protocol = str(rs["resolution"]), str(rs["protocol"]) if "protocol" in rs.files else "full"
+    t_end = PROTOCOLS[protocol].t_end if until is None else float(until)
+    s = _finished(out, params, t_end) if reuse else None
+    if s is None:
+        s = run_bag(BagRunOptions(out=out, resume=start, params=params, resolution=resolution, protocol=protocol,
+                                  until=until, save_every=audit_every, mesh_every=0, pictures=False,
+                                  progress=False)).summary
+    if s["failure"]:
+        raise NodeFailed(known, f"the forward run stopped: {s['failure']['reason']} at t = "
+                                f"{s['failure']['time_s']:.4f} s")
+    bad = s["audit"]["frames_with_self_intersection"]
+    if bad:
+        raise NodeFailed(known, f"{bad} audited frames self-intersect")
+    sc = bag_scene(resolution, protocol=protocol, params=params)
+    final = read_bag_state(os.path.join(out, "state.npz"), sc, resolution)
+    x, v = np.asarray(final["x"], np.float64), np.asarray(final["v"], np.float64)
+    t, k = float(final["t"]), int(final["step"])
+    sc.choreography.observe(t, x)
+    controls = sc.choreography.controls_at(k, t)
+    capacity = check_geometry(sc.model, x, sc.config)
+    jac = _rest_jacobian_for(sc, capacity)
+    y, J, L, residual, force, overflow = jac(jnp.asarray(x), jnp.asarray(v), params, controls, jnp.asarray(sc.dt))
+    if bool(overflow):
+        raise NodeFailed(known, "the rest state's contact query overflowed its capacity")
+    stable = bool(np.all(np.isfinite(np.asarray(L))))
+    ratio = float(np.max(np.abs(np.asarray(residual))) / float(force))
+    J = np.asarray(J)
+    return NodeResult(z=np.asarray(z, np.float64), y=np.asarray(y), J=J, residual_ratio=ratio, stable=stable,
+                      max_speed=float(np.max(np.linalg.norm(v, axis=1))), wall_s=time.perf_counter() - t0,
+                      run_dir=out)
+
+
+def _finished(out, params, t_end):
+    """The summary of a run in ``out`` that reached ``t_end`` with ``params``, or None."""
+    import json
+
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return None
+    same = all(math.isclose(s.get("params", {}).get(n, math.nan), float(getattr(params, n)), rel_tol=1e-12)
+               for n in BAG_NAMES)
+    reached = abs(float(s.get("simulated_s", -1.0)) - t_end) < 1e-6
+    return s if same and reached and not s.get("failure") else None
+
+
+def check_rest(node: NodeResult) -> None:
+    """NodeFailed unless the node's final state is a stable rest state (H positive
+    definite, ‖G‖∞ below REST_RESIDUAL_TOL of the largest term force)."""
+    known = dict(zip(BAG_NAMES, np.exp(node.z).tolist()))
+    if not node.stable:
+        raise NodeFailed(known, "the final state is not a stable equilibrium: the Hessian ∇²(V + D) is not "
+                                "positive definite")
+    if not node.residual_ratio < REST_RESIDUAL_TOL:
+        raise NodeFailed(known, f"the bag is not at rest: unbalanced force {node.residual_ratio:.3g} × the largest "
+                                f"force of one energy term (limit {REST_RESIDUAL_TOL})")
+    if not np.all(np.isfinite(node.J)):
+        raise NodeFailed(known, "the rest-state derivative is not finite")
+
+
+def node_folder(z, start: str) -> str:
+    """The run folder name of the node at log-parameters z (over BAG_NAMES) from the state
+    file ``start``: a digest of the file and the values, so that evaluations, sweeps and
+    tests that meet the same node from the same start share one run."""
+    import hashlib
+
+    with open(start, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:10]
+    return f"node_{digest}_" + "_".join(f"{n}={v:.9g}" for n, v in zip(BAG_NAMES, np.exp(np.asarray(z, np.float64))))
+
+
+def full_z(names, z) -> np.ndarray:
+    """z over BAG_NAMES: the film defaults' logs with ``names`` set from z."""
+    from ipcjax.model import Params
+
+    d0 = Params.film_defaults()
+    full = np.log([float(getattr(d0, n)) for n in BAG_NAMES])
+    for n, v in zip(names, z):
+        full[BAG_NAMES.index(n)] = v
+    return full

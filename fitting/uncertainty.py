@@ -1,0 +1,112 @@
+"""What a bag fit's answer is worth: its 1σ interval for the measurement noise, what the
+model's own scatter allows, which parameters the measurements see, and whether the answer
+lies inside the parameter range."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Measurement noise of the error bar, m (one standard deviation of each measurement).
+DEFAULT_NOISE = 0.5e-3
+
+
+def interval(J_mm, names, values, noise_mm) -> dict:
+    """1σ intervals of the fitted parameters for independent measurement noise ``noise_mm``
+    (one value for every measurement, or one per measurement row of J).
+
+    With J (m × k) in mm per unit log-parameter and W = diag(noise⁻²), the Gauss–Newton
+    covariance of z is (JᵀWJ)⁻¹; each parameter's interval is value · exp(±σ_z). A
+    rank-deficient J gives infinite intervals for the parameters it cannot see, never a
+    finite guess.
+    """
+    J = np.asarray(J_mm, np.float64)
+    noise = np.broadcast_to(np.asarray(noise_mm, np.float64), (J.shape[0],))
+    if not np.all(np.isfinite(noise) & (noise > 0)):
+        raise ValueError(f"noise must be > 0 mm for every measurement; got {noise.tolist()}")
+    Jw = J / noise[:, None]
+    A = Jw.T @ Jw
+    out = {}
+    try:
+        if np.linalg.cond(A) > 1e12:
+            raise np.linalg.LinAlgError
+        C = np.linalg.inv(A)
+    except np.linalg.LinAlgError:
+        C = np.full((len(names), len(names)), np.inf)
+    for i, n in enumerate(names):
+        sz = float(np.sqrt(C[i, i])) if np.isfinite(C[i, i]) and C[i, i] >= 0 else math.inf
+        v = float(values[n])
+        out[n] = dict(value=v, sigma_log=sz, low=v * math.exp(-sz) if math.isfinite(sz) else 0.0,
+                      high=v * math.exp(sz) if math.isfinite(sz) else math.inf,
+                      relative=math.expm1(sz) if math.isfinite(sz) else math.inf)
+    return out
+
+
+#: One forward run's scatter about the trend of the rest shape in E (neck x, neck y, flap;
+#: mm, one standard deviation): the 19-run E sweep, docs/figures/bag_sweep_E/sweep_w2.json
+#: ("trend"), reprinted by ``python3 benchmarks/bag_sweep.py --report --out
+#: docs/figures/bag_sweep_E``. The model's own noise: pleats snap shut or not.
+MODEL_SCATTER_MM = (1.62, 3.56, 1.10)
+#: Relative 1σ accuracies for which :func:`scatter_budget` says how many runs each node needs.
+ACCURACY_GOALS = (0.02, 0.05)
+
+
+def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, goals=ACCURACY_GOALS) -> dict:
+    """What the model's own scatter allows: the 1σ interval when each smoothed measurement
+    has the variance of a mean of ``effective_runs`` independent single runs whose scatter is
+    ``scatter_mm`` (so its noise is scatter/√effective_runs; :func:`fitting.smoothing.effective_runs`), and,
+    per parameter and goal g, the runs each lattice node would need (a mean of K runs from
+    perturbed starts in place of one) for a relative 1σ of g: the noise falls as 1/√K, so
+    K = ⌈(σ_z / log(1 + g))²⌉, 1 where one run per node already reaches g. It treats the
+    runs' scatter as independent noise; neighbouring runs that share a pleat pattern are
+    not, so it is an estimate of the order, not a bound."""
+    s = np.broadcast_to(np.asarray(scatter_mm, np.float64), (np.asarray(J_mm).shape[0],))
+    if not (np.isfinite(effective_runs) and effective_runs > 0):
+        raise ValueError(f"effective_runs must be > 0; got {effective_runs}")
+    iv = interval(J_mm, names, values, s / math.sqrt(effective_runs))
+    need = {n: {f"{g:.0%}": (max(1, math.ceil((iv[n]["sigma_log"] / math.log1p(g)) ** 2))
+                             if math.isfinite(iv[n]["sigma_log"]) else None) for g in goals} for n in names}
+    return dict(scatter_mm=s.tolist(), effective_runs=float(effective_runs), interval_1sigma=iv,
+                runs_per_node_for=need)
+
+
+def identifiability(J_mm, names, noise_mm: float) -> dict:
+    """Singular values of J (mm per unit log-parameter), the weakest direction, and which
+    parameters move the measurements by less than the noise over a factor e."""
+    J = np.asarray(J_mm, np.float64)
+    _, sv, Vt = np.linalg.svd(J, full_matrices=False)
+    col = np.linalg.norm(J, axis=0)
+    return dict(columns=list(names), singular_values_mm=sv.tolist(),
+                condition_number=float(sv[0] / sv[-1]) if sv[-1] > 0 else math.inf,
+                weakest_direction=dict(zip(names, Vt[-1].tolist())),
+                sensitivity_mm_per_log=dict(zip(names, col.tolist())),
+                below_noise=[n for n, c in zip(names, col) if c < noise_mm])
+
+
+def reach_message(names, bounds, records, target) -> str | None:
+    """The sentence an answer outside the model's reach needs, or None.
+
+    Said when the best evaluation lies on a range end and the smoothed gradient there still
+    points outward (the loss would fall beyond the range): "no E in [a, b] brings the neck
+    and flap to the targets: the closest, at E = b, is …".
+    """
+    if not records:
+        return None
+    t = np.asarray(target) * 1e3
+    best = min(records, key=lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t) ** 2)))
+    y = np.asarray(best["y"]) * 1e3
+    g = 2.0 * (np.asarray(best["J"]) * 1e3).T @ (y - t)      # ∇ of Σ (y − t)² in log-parameters
+    outward = []
+    for i, n in enumerate(names):
+        lo, hi = bounds[n]
+        v = best["params"][n]
+        near_lo, near_hi = v <= lo * 1.25, v >= hi / 1.25   # within one smoothing width (×1.25) of an end
+        if (near_lo and g[i] > 0) or (near_hi and g[i] < 0):
+            outward.append((n, lo, hi, v))
+    if not outward:
+        return None
+    what = "; ".join(f"no {n} in [{lo:.4g}, {hi:.4g}]" for n, lo, hi, _ in outward)
+    at = ", ".join(f"{n} = {v:.4g}" for n, _, _, v in outward)
+    return (f"{what} brings the neck and flap to the targets ({t[0]:.2f} × {t[1]:.2f} mm, flap {t[2]:.2f} mm): "
+            f"the closest, at {at}, is neck {y[0]:.2f} × {y[1]:.2f} mm, flap {y[2]:.2f} mm, and the loss "
+            f"still falls toward the end of the range")
