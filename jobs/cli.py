@@ -1,10 +1,10 @@
 """Command line: ``ipcjax drape | bag | fit | compare | verlet`` (also ``python3 -m jobs.cli``).
 
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
-``scenes.bag_run``, ``fitting.app``, ``jobs.compare``, ``baselines.verlet``), imported
-lazily; ``ipcjax bag``'s and ``ipcjax fit``'s flags are turned into options in
-:mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the one that imports scenes/,
-fitting/ and baselines/ all.
+``scenes.bag_run``, ``fitting.rollout_fit``, ``fitting.bag_rest_fit``, ``jobs.compare``,
+``baselines.verlet``), imported lazily; ``ipcjax bag``'s and ``ipcjax fit``'s flags are
+turned into options in :mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the
+one that imports scenes/, fitting/ and baselines/ all.
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def _bag(argv):
 
 
 def _fit(argv):
-    from fitting import app
+    from fitting import rollout_fit
+    from fitting.targets import TARGET_FLAGS
     from jobs import fit as fit_jobs
 
     ap = argparse.ArgumentParser(prog="ipcjax fit", description=(
@@ -74,7 +75,8 @@ def _fit(argv):
         "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, smoothed over runs from "
         "the tie checkpoint (--state) to 10.50 s on a lattice in the parameters, against the specification's "
         "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
-        "film's tip height, one parameter, adam. The jobs are in fitting/app.py, their flags' checks in jobs/fit.py."))
+        "film's tip height, one parameter, adam. The jobs are in fitting/rollout_fit.py and fitting/bag_rest_fit.py, "
+        "their flags' checks in jobs/fit.py."))
     ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
     for flag, kw in (("--state", dict(help="bag: state.npz to start from (default scenes/data/bag_full_tie.npz)")),
                      ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
@@ -91,7 +93,7 @@ def _fit(argv):
     ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
     ap.add_argument("--start-factor", type=float, help="start at this × the film default (bag 1; pouch, --window 2)")
     ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
-    for flag, what in app.TARGET_FLAGS:  # values parsed, in either unit, by app.targets_from
+    for flag, what in TARGET_FLAGS:  # values parsed, in either unit, by fitting.targets.targets_from
         ap.add_argument(flag, help=f"pouch, bag: measured {what}, m, or a value with its unit (e.g. 38.83mm)")
         ap.add_argument(flag + "-mm", help=f"pouch, bag: measured {what}, mm")
     for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
@@ -107,7 +109,7 @@ def _fit(argv):
     if args.scene == "cantilever":
         if args.param == "friction":
             ap.error("the cantilever has no contact: friction cannot be fitted there")
-        print(runfolder.dumps(app.fit_cantilever(
+        print(runfolder.dumps(rollout_fit.fit_cantilever(
             args.out, args.param or "bending_scale", target=args.target, start=args.start, steps=args.steps,
             iterations=80 if args.iterations is None else args.iterations, lr=args.lr, progress=not args.quiet)))
         return 0

@@ -1,10 +1,11 @@
-"""``ipcjax fit``'s parsed flags to the typed fit jobs of :mod:`fitting.app`.
+"""``ipcjax fit``'s parsed flags to the typed fit jobs of :mod:`fitting.rollout_fit` and
+:mod:`fitting.bag_rest_fit`.
 
 The command line (:mod:`jobs.cli`) parses the flags; the functions here refuse the
 combinations that mean nothing (a usage error through argparse's ``error``), build the
-options (:class:`fitting.app.BagFitOptions`, :class:`fitting.app.ShapeFitOptions`) and
-the targets, call the job, and print its record. The jobs themselves take those typed
-options, never an ``argparse.Namespace``.
+options (:class:`fitting.bag_rest_fit.BagFitOptions`,
+:class:`fitting.rollout_fit.ShapeFitOptions`) and the targets, call the job, and print its
+record. The jobs themselves take those typed options, never an ``argparse.Namespace``.
 """
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import sys
 
 import numpy as np
 
-from fitting import app
-from fitting.app import BagFitOptions, FlagError, ShapeFitOptions, check_window_flags, targets_from
+from fitting import bag_rest_fit, rollout_fit
 from fitting.bag_rest import SPEC_TARGETS
+from fitting.bag_rest_fit import BagFitOptions
+from fitting.rollout_fit import ShapeFitOptions
 from fitting.smoothing import DEFAULT_STEP
+from fitting.targets import FlagError, check_window_flags, targets_from
 from ipcjax import runfolder
 
 
@@ -34,9 +37,9 @@ def three_mm(text, error):
 
 def bag_rest_job(args, error) -> int:
     """``ipcjax fit --scene bag`` without --window, from its parsed flags: the rest-shape
-    fit (:func:`fitting.app.fit_bag_rest`); ``error`` reports a usage error (argparse's).
-    Returns the exit status: 0 with a fitted value, 1 when the fit failed or the answer lies outside
-    the model's reach (both said on stderr and in fit.json)."""
+    fit (:func:`fitting.bag_rest_fit.fit_bag_rest`); ``error`` reports a usage error
+    (argparse's). Returns the exit status: 0 with a fitted value, 1 when the fit failed or
+    the answer lies outside the model's reach (both said on stderr and in fit.json)."""
     if args.joint:
         error("--scene bag fits one parameter (--param) or two (--pair), not --joint")
     if args.pair and args.param:
@@ -58,7 +61,7 @@ def bag_rest_job(args, error) -> int:
                             noise_mm=args.noise, model_scatter_mm=three_mm(args.model_scatter, error),
                             workers=args.workers, progress=not args.quiet)
     options.check()
-    record = app.fit_bag_rest(args.out, targets, options)
+    record = bag_rest_fit.fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
     for what in ("failed", "outside_reach"):
         if record[what]:
@@ -87,9 +90,9 @@ def shape_fit_job(args, error) -> int:
     except FlagError as e:
         error(str(e))
     if args.scene == "pouch":
-        summary = app.fit_pouch(args.out, targets, options)
+        summary = rollout_fit.fit_pouch(args.out, targets, options)
     else:
-        summary = app.fit_bag_state(args.out, args.state, args.window, targets, options)
+        summary = rollout_fit.fit_bag_state(args.out, args.state, args.window, targets, options)
         if summary is None:  # the reference run of the window failed (said on stderr)
             return 1
     print(runfolder.dumps(summary))

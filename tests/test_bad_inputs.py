@@ -262,7 +262,7 @@ def test_corrupt_or_malformed_target_files_are_refused_naming_the_file(tmp_path_
     """Cut-short, junk or wrongly structured target files get one error naming the file."""
     import json
 
-    from fitting.app import load_targets
+    from fitting.targets import load_targets
     path = tmp_path_factory.mktemp("targets") / "targets.json"
     good = json.dumps(dict(neck_x_m=0.0388, neck_y_m=0.0372, flap_m=0.0184))
     path.write_text(good)

@@ -356,14 +356,14 @@ def test_problem_runs_each_lattice_point_once_and_evaluates_past_its_range_at_th
 
 
 def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
-    """``fitting.app.fit_bag_rest`` on nodes whose rest shape is linear in log E (a fake
+    """``fitting.bag_rest_fit.fit_bag_rest`` on nodes whose rest shape is linear in log E (a fake
     node task writing a one-triangle trajectory): synthetic targets at 315 MPa are
     recovered from 2× off, and fit.json holds the iterates, the Jacobian, the interval for
     the measurement noise, the identifiability, what the model's own scatter allows and
     the fitted value's own run; the run folder holds fit.png and that run's final mesh."""
     import json
 
-    from fitting import app
+    from fitting import bag_rest_fit
     from ipcjax.runfolder import Trajectory, write_trajectory
     from scenes.bag import SPHERE_RADII
 
@@ -381,7 +381,7 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
 
     monkeypatch.setattr(br, "_node_task", fake)
     out = tmp_path / "fit"
-    rec = app.fit_bag_rest(str(out), None, app.BagFitOptions(iterations=6, start_factor=2.0, workers=1, progress=False))
+    rec = bag_rest_fit.fit_bag_rest(str(out), None, bag_rest_fit.BagFitOptions(iterations=6, start_factor=2.0, workers=1, progress=False))
     assert rec["converged"] and not rec["outside_reach"] and not rec["failed"]
     assert rec["fitted"]["youngs_modulus"] == pytest.approx(315e6, rel=1e-4)   # the fit stops at loss_tol
     assert json.loads((out / "fit.json").read_text())["fitted"] == rec["fitted"]

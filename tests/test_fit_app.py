@@ -1,12 +1,14 @@
-"""The fit application (fitting/app.py): input mistakes caught before any compilation, and
-the default pouch fit compiled once for all three parameters."""
+"""The fit jobs (fitting/targets.py, fitting/rollout_fit.py, fitting/bag_rest_fit.py): input
+mistakes caught before any compilation, and the default pouch fit compiled once for all
+three parameters."""
 import json
 import time
 
 import numpy as np
 import pytest
 
-from fitting import app
+from fitting import bag_rest_fit, rollout_fit
+from fitting.targets import FlagError, load_targets, targets_from
 from jobs.cli import main
 from tests.test_fitting import compilations_of, xla_compilations
 
@@ -17,8 +19,9 @@ def no_fit(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a fit job started (and would compile) despite a bad input")
 
-    for job in ("fit_pouch", "fit_bag", "fit_bag_rest", "fit_cantilever"):
-        monkeypatch.setattr(app, job, refuse)
+    for module, job in ((rollout_fit, "fit_pouch"), (rollout_fit, "fit_bag"), (bag_rest_fit, "fit_bag_rest"),
+                        (rollout_fit, "fit_cantilever")):
+        monkeypatch.setattr(module, job, refuse)
 
 
 def _write(path, text):
@@ -29,36 +32,36 @@ def _write(path, text):
 def test_targets_file_mistakes_each_give_one_error_naming_the_file(tmp_path):
     missing = str(tmp_path / "none.json")
     with pytest.raises(FileNotFoundError, match=f"targets file {missing}: no such file"):
-        app.load_targets(missing)
+        load_targets(missing)
     bad = _write(tmp_path / "bad.json", '{"neck_x_m": 0.03,')
     with pytest.raises(ValueError, match=f"targets file {bad}: not valid JSON"):
-        app.load_targets(bad)
+        load_targets(bad)
     lst = _write(tmp_path / "list.json", "[0.03, 0.016, 0.0076]")
     with pytest.raises(ValueError, match=f"targets file {lst}: expected a JSON object .* got a JSON list"):
-        app.load_targets(lst)
+        load_targets(lst)
     partial = _write(tmp_path / "partial.json", '{"neck_x_m": 0.03, "neck_y_m": 0.016}')
     with pytest.raises(ValueError, match="needs neck_x_m, neck_y_m, flap_m .* missing 'flap_m'"):
-        app.load_targets(partial)
+        load_targets(partial)
     text = _write(tmp_path / "text.json", '{"neck_x_m": "wide", "neck_y_m": 0.016, "flap_m": 0.007}')
     with pytest.raises(ValueError, match=f"targets file {text}: targets must be three numbers"):
-        app.load_targets(text)
+        load_targets(text)
     neg = _write(tmp_path / "neg.json", '{"neck_x_m": -0.03, "neck_y_m": 0.016, "flap_m": 0.007}')
     with pytest.raises(ValueError, match="finite with positive neck widths"):
-        app.load_targets(neg)
+        load_targets(neg)
     nan = _write(tmp_path / "nan.json", '{"neck_x_m": NaN, "neck_y_m": 0.016, "flap_m": 0.007}')
     with pytest.raises(ValueError, match="finite with positive neck widths"):
-        app.load_targets(nan)
+        load_targets(nan)
     width = _write(tmp_path / "width.json", '{"neck_width_mm": 31.8, "flap_height_mm": 7.6}')
     with pytest.raises(ValueError, match=r"neck_width_mm must be \[x, y\] in mm"):
-        app.load_targets(width)
+        load_targets(width)
 
 
 def test_targets_file_in_metres_or_as_a_bag_summary(tmp_path):
     m = _write(tmp_path / "m.json", '{"neck_x_m": 0.0318, "neck_y_m": 0.0159, "flap_m": 0.0076}')
-    np.testing.assert_allclose(app.load_targets(m), [0.0318, 0.0159, 0.0076])
+    np.testing.assert_allclose(load_targets(m), [0.0318, 0.0159, 0.0076])
     bag = _write(tmp_path / "summary.json", json.dumps(
         {"measurements": {"neck_width_mm": [31.8, 15.9], "flap_height_mm": 7.6}, "wall_s": 1.0}))
-    np.testing.assert_allclose(app.load_targets(bag), [0.0318, 0.0159, 0.0076])
+    np.testing.assert_allclose(load_targets(bag), [0.0318, 0.0159, 0.0076])
 
 
 @pytest.mark.parametrize("content, message", [
@@ -81,22 +84,22 @@ def test_cli_fit_targets_mistake_is_one_line_with_status_2_before_compiling(tmp_
 
 def test_shape_fit_options_are_checked_before_any_compilation(tmp_path):
     with pytest.raises(ValueError, match="param must be one of"):
-        app.ShapeFitOptions(param="thickness").groups()
+        rollout_fit.ShapeFitOptions(param="thickness").groups()
     with pytest.raises(ValueError, match="leave out param"):
-        app.ShapeFitOptions(param="friction", joint=True).groups()
+        rollout_fit.ShapeFitOptions(param="friction", joint=True).groups()
     with pytest.raises(ValueError, match="start_factor must be > 0"):
-        app.ShapeFitOptions(start_factor=0.0).groups()
+        rollout_fit.ShapeFitOptions(start_factor=0.0).groups()
     with pytest.raises(ValueError, match="start must be > 0"):
-        app.ShapeFitOptions(param="friction", start=-0.3).groups()
+        rollout_fit.ShapeFitOptions(param="friction", start=-0.3).groups()
     with pytest.raises(ValueError, match="iterations must be a positive integer"):
-        app.ShapeFitOptions(iterations=0).groups()
-    assert app.ShapeFitOptions().groups() == [["youngs_modulus"], ["friction"], ["bending_scale"]]
-    assert app.ShapeFitOptions(joint=True).groups() == [list(app.POUCH_PARAMS)]
+        rollout_fit.ShapeFitOptions(iterations=0).groups()
+    assert rollout_fit.ShapeFitOptions().groups() == [["youngs_modulus"], ["friction"], ["bending_scale"]]
+    assert rollout_fit.ShapeFitOptions(joint=True).groups() == [list(rollout_fit.POUCH_PARAMS)]
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="targets: targets must be finite"):
-        app.fit_pouch(str(tmp_path / "o"), targets=[0.03, np.inf, 0.007])
+        rollout_fit.fit_pouch(str(tmp_path / "o"), targets=[0.03, np.inf, 0.007])
     with pytest.raises(ValueError, match="start must be > 0"):
-        app.fit_cantilever(str(tmp_path / "o"), start=0.0)
+        rollout_fit.fit_cantilever(str(tmp_path / "o"), start=0.0)
     assert time.perf_counter() - t0 < 5.0
 
 
@@ -112,7 +115,7 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
         seen.update(out=out, targets=targets, options=options)
         return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …")
 
-    monkeypatch.setattr(app, "fit_bag_rest", fake)
+    monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", fake)
     assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 1
     assert seen["targets"] == SPEC_TARGETS and seen["options"].names == ("youngs_modulus",)
     assert seen["options"].start is None and seen["options"].step == DEFAULT_STEP
@@ -160,7 +163,7 @@ def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, 
 ])
 def test_bag_fit_options_are_checked_before_any_run(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
-        app.fit_bag_rest(str(tmp_path / "o"), None, app.BagFitOptions(**options))
+        bag_rest_fit.fit_bag_rest(str(tmp_path / "o"), None, bag_rest_fit.BagFitOptions(**options))
     assert not (tmp_path / "o").exists()
 
 
@@ -171,7 +174,7 @@ def test_default_fit_compiles_once_and_recovers_each_parameter(tmp_path):
     fits, and each parameter within 1 %."""
     out = tmp_path / "fit"
     with xla_compilations() as compiled:
-        s = app.fit_pouch(str(out), options=app.ShapeFitOptions(progress=False))
+        s = rollout_fit.fit_pouch(str(out), options=rollout_fit.ShapeFitOptions(progress=False))
     assert compilations_of(compiled, "measurements_and_jacobian") == 1, compiled
     assert s["compiles"] == 1 and s["compile_s"] > 0 and s["evaluations"] >= 4
     assert [f["params"] for f in s["fits"]] == [["youngs_modulus"], ["friction"], ["bending_scale"]]
@@ -192,7 +195,7 @@ def test_default_fit_compiles_once_and_recovers_each_parameter(tmp_path):
     (("38.83mm", None, "0.01843"), (None, "37.2", None)),           # mixed
 ])
 def test_targets_in_metres_or_millimetres_give_the_same_metres(values, values_mm):
-    np.testing.assert_allclose(app.targets_from(None, values, values_mm), [0.03883, 0.03720, 0.01843], rtol=1e-12)
+    np.testing.assert_allclose(targets_from(None, values, values_mm), [0.03883, 0.03720, 0.01843], rtol=1e-12)
 
 
 @pytest.mark.parametrize("values, values_mm, message", [
@@ -209,14 +212,14 @@ def test_targets_in_metres_or_millimetres_give_the_same_metres(values, values_mm
     ((None, None, None), ("38.83", "37.2", None), "give all three of --neck-x, --neck-y and --flap"),
 ])
 def test_implausible_or_ambiguous_targets_are_refused_with_a_hint(values, values_mm, message):
-    with pytest.raises(app.FlagError) as e:
-        app.targets_from(None, values, values_mm)
+    with pytest.raises(FlagError) as e:
+        targets_from(None, values, values_mm)
     assert message in str(e.value)
 
 
 def test_cli_fit_takes_millimetres_and_refuses_metres_that_are_millimetres(tmp_path, capsys, monkeypatch):
     seen = {}
-    monkeypatch.setattr(app, "fit_pouch", lambda out, targets, options: seen.update(targets=targets) or
+    monkeypatch.setattr(rollout_fit, "fit_pouch", lambda out, targets, options: seen.update(targets=targets) or
                         dict(fits=[]))
     assert main(["fit", "--quiet", "--out", str(tmp_path / "o"),
                  "--neck-x-mm", "31.8", "--neck-y", "15.9mm", "--flap-mm", "7.6"]) == 0
@@ -233,7 +236,7 @@ def test_bag_fit_takes_the_specification_in_millimetres(tmp_path, monkeypatch):
     from fitting.bag_rest import SPEC_TARGETS
 
     seen = {}
-    monkeypatch.setattr(app, "fit_bag_rest", lambda out, targets, options: seen.update(targets=targets) or
+    monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", lambda out, targets, options: seen.update(targets=targets) or
                         dict(fitted=None, failed="not run", outside_reach=None))
     main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"),
           "--neck-x-mm", "38.83", "--neck-y-mm", "37.20", "--flap-mm", "18.43"])

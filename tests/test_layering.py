@@ -72,14 +72,14 @@ def test_the_checker_flags_imports_up_and_out_and_passes_imports_down():
               "import scenes.bag\n"
               "\n"
               "def job():\n"
-              "    from fitting.app import fit_cantilever\n"
+              "    from fitting.rollout_fit import fit_cantilever\n"
               "    import jobs.cli\n"
               "    from tests.helpers import tree_allclose\n"
               "    importlib.import_module('baselines.verlet')\n"
               "    from . import bag_run\n"
               "    from ..jobs import compare\n")
     assert violations(source, "scenes/x.py") == [
-        "scenes/x.py:6: fitting.app (scenes/ is below fitting/)",
+        "scenes/x.py:6: fitting.rollout_fit (scenes/ is below fitting/)",
         "scenes/x.py:7: jobs.cli (scenes/ is below jobs/)",
         "scenes/x.py:8: tests.helpers (tests/ is outside the layers)",
         "scenes/x.py:9: baselines.verlet (scenes/ is below baselines/)",
