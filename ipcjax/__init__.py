@@ -8,6 +8,7 @@ One timestep, in the order its data flows (docs/spec.md §2):
                       PSDProjection (which element Hessians)
     potential.py      Φ(x; problem, contacts), ∇Φ and the Hessian as element blocks
     candidates.py     broad phase with static capacity and an overflow flag
+    capacity.py       the broad phase's capacities: first guess, check, growth
     linear_solvers.py DenseCholesky, SparseLDL (ldl.py), BlockJacobiCG: direction and solve
     line_search.py    conservative step bound (ccd.py, distance.py) and Armijo backtracking
     newton.py         the bounded Newton loop over a NewtonState

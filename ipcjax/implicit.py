@@ -269,7 +269,7 @@ class Rollout:
       a ``JaxRuntimeError`` carrying the same message (:func:`rollout_failure` maps it
       back). A failed backward solve raises :class:`BackwardFailed`.
     * **Capacity follows the trajectory.** ``capacity=None`` starts from
-      :func:`~ipcjax.candidates.initial_capacity`. Called outside ``jit`` (plain calls and
+      :func:`~ipcjax.capacity.initial_capacity`. Called outside ``jit`` (plain calls and
       ``jax.grad`` of them), a capacity overflow grows the capacity above what the
       failing step needed and runs again, up to ``max_regrow`` times; ``self.capacity``
       keeps the grown value. Under ``jit`` the overflow raises; call the rollout once

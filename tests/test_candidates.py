@@ -1,4 +1,5 @@
-"""Broad phase (ipcjax/candidates.py) against the all-pairs NumPy reference."""
+"""Broad phase (ipcjax/candidates.py; its capacities: ipcjax/capacity.py) against the
+all-pairs NumPy reference."""
 from __future__ import annotations
 
 import io

@@ -1,0 +1,132 @@
+"""Static capacities of the broad phase (:mod:`ipcjax.candidates`): the buffer sizes a query
+compiles with, a first guess from the topology, and their growth above what an overflowing
+query reported."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ipcjax.candidates import ContactTopology
+
+_MAX_BUFFER = 1 << 28  # the host refuses to allocate a buffer above this (entries)
+
+
+class GridCapacity(NamedTuple):
+    """Static sizes of the intermediate buffers of one grid search (entries).
+
+    insert: (cell, element) entries of the inserted boxes.
+    lookup: (query box, cell) entries.
+    tests:  box-pair tests (sum over lookups of the elements stored in the cell).
+    """
+
+    insert: int
+    lookup: int
+    tests: int
+
+
+class Capacity(NamedTuple):
+    """Static capacities (hashable; a jit static argument). Changing them recompiles.
+
+    vt, ee, sf: rows of the candidate buffers.
+    face_grid: intermediate buffers of the search of vertex and sphere-centre boxes
+        against triangle boxes (VT and SF share one grid).
+    edge_grid: intermediate buffers of the edge-against-edge search (EE).
+    active: rows of the Newton Hessian's contact terms — barrier stencils inside d̂ at an
+        iterate, friction stencils with a load at step start — which the assembly
+        compacts out of all the candidate rows (the rest add exactly zero); the Newton
+        loop also compacts the rows its step bound and line search need into that many
+        slots (:mod:`ipcjax.newton`); more rows than slots in either is an overflow.
+        None: no compaction, every candidate row is assembled and searched.
+    None grids pick a size from the topology; any size is safe (too small only raises
+    the overflow flag).
+    """
+
+    vt: int
+    ee: int
+    sf: int
+    face_grid: GridCapacity | None = None
+    edge_grid: GridCapacity | None = None
+    active: int | None = None
+
+
+def resolve_capacity(capacity: Capacity, topo: ContactTopology) -> Capacity:
+    """Fill unspecified intermediate capacities from the topology sizes."""
+    P, T, E, S = (len(topo.points), len(topo.triangles), len(topo.edges), len(topo.spheres))
+    vt, ee, sf = int(capacity.vt), int(capacity.ee), int(capacity.sf)
+    face = capacity.face_grid or GridCapacity(
+        8 * T + 1024, 8 * P + 4096 * S + 1024, 4 * (vt + sf) + 32 * (P + S) + 1024)
+    edge = capacity.edge_grid or GridCapacity(8 * E + 1024, 8 * E + 1024, 8 * ee + 32 * E + 1024)
+    return Capacity(vt, ee, sf, face, edge, capacity.active)
+
+
+def initial_capacity(topo: ContactTopology) -> Capacity:
+    """A starting capacity from the topology sizes (the host helper grows it on overflow).
+
+    Active contact rows start at two per point (+64), above the peak number of stencils
+    inside d̂ of the bag run (about 2.3 per film vertex; a small share of the candidate rows).
+    Sphere–face rows start at 16 per sphere (+64), and at no fewer than min(S·T, 256):
+    every sphere–triangle pair of a small scene, so small scenes never start short.
+    """
+    P, E, S, T = len(topo.points), len(topo.edges), len(topo.spheres), len(topo.triangles)
+    sf = max(16 * S + 64, min(S * T, 256))
+    return resolve_capacity(Capacity(4 * P + 64, 4 * E + 64, sf, active=2 * P + 64), topo)
+
+
+def check_capacity(capacity) -> Capacity:
+    """Reject a capacity that cannot hold a single row (or is not a :class:`Capacity`).
+
+    Raises:
+        TypeError: not a Capacity. ValueError: vt, ee, sf or active below 1, naming it.
+    """
+    if not isinstance(capacity, Capacity):
+        raise TypeError(f"capacity must be an ipcjax.candidates.Capacity; got {type(capacity).__name__}")
+    for name in ("vt", "ee", "sf", "active"):
+        v = getattr(capacity, name)
+        if name == "active" and v is None:
+            continue
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"capacity.{name} must be an integer ≥ 1; got {v!r}")
+    for grid in (capacity.face_grid, capacity.edge_grid):
+        if grid is not None and any(not isinstance(g, (int, np.integer)) or g < 1 for g in grid):
+            raise ValueError(f"grid capacities must be integers ≥ 1; got {tuple(grid)}")
+    return capacity
+
+
+def _grow(n: int, old: int) -> int:
+    return old if n <= old else int(1.5 * n) + 64
+
+
+def grow_capacity(capacity: Capacity, n_vt: int, n_ee: int, n_sf: int, work, *, n_active: int = 0) -> Capacity:
+    """A capacity above the needs an overflowing query reported (×1.5 + 64 where short).
+
+    Args:
+        capacity: the capacity of the query (grids None count as 0).
+        n_vt, n_ee, n_sf: its reported counts (maxima over several queries are fine).
+        work: its (2, 3) `Candidates.work`.
+        n_active: active contact rows the Newton solve needed (``Capacity.active``;
+            ignored when that is None).
+
+    After an intermediate overflow the later stages report lower bounds, so a cold start
+    may take up to four rounds (insert/lookup, tests, pairs); callers keep the result.
+
+    Raises:
+        ValueError: a buffer would exceed 2^28 entries (a box covering a huge number of
+            cells: positions have probably exploded).
+    """
+    work = np.asarray(work)
+    olds = [g if g is not None else GridCapacity(0, 0, 0)
+            for g in (capacity.face_grid, capacity.edge_grid)]
+    grids = [GridCapacity(*(_grow(int(n), int(o)) for n, o in zip(work[k], old)))
+             for k, old in enumerate(olds)]
+    biggest = max(max(g) for g in grids)
+    if biggest > _MAX_BUFFER:
+        raise ValueError(
+            f"candidate search needs a buffer of {biggest} entries (limit {_MAX_BUFFER}); "
+            "a box covers too many grid cells. Entries needed (insert, lookup, tests) by "
+            f"the face grid and the edge grid: {work.tolist()}"
+        )
+    active = None if capacity.active is None else _grow(int(n_active), int(capacity.active))
+    return Capacity(_grow(int(n_vt), int(capacity.vt)), _grow(int(n_ee), int(capacity.ee)),
+                    _grow(int(n_sf), int(capacity.sf)), *grids, active)
