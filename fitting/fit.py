@@ -35,7 +35,7 @@ from ipcjax.runfolder import write_json
 from ipcjax.step import StepFailed
 
 # Parameters fitted in log space: those of ipcjax.model.Params, then the spring and chain
-# relaxation factors of baselines.verlet.VerletParams (from_z/to_z read and set any
+# relaxation factors of baselines.verlet_cloth.VerletParams (from_z/to_z read and set any
 # NamedTuple's fields by name).
 POSITIVE = ("youngs_modulus", "thickness", "bending_scale", "friction", "barrier_stiffness", "drag",
             "stiffness", "bend_stiffness")

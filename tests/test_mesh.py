@@ -3,7 +3,7 @@ floor, and the Verlet cloth."""
 import numpy as np
 import pytest
 
-from baselines.verlet import grid_triangles
+from baselines.verlet_cloth import grid_triangles
 from scenes.film import film_grid
 from scenes.mesh import quad_grid_triangles
 

@@ -1,4 +1,5 @@
-"""Tests of the Verlet mass-spring cloth (baselines/verlet.py) against a plain-loop NumPy reference."""
+"""Tests of the Verlet mass-spring cloth (baselines/verlet.py, baselines/verlet_cloth.py) against a
+plain-loop NumPy reference."""
 from __future__ import annotations
 
 import os
