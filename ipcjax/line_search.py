@@ -3,6 +3,8 @@
 :func:`step_bound` gives the largest first trial α ∈ [0, 1] that keeps every candidate
 stencil's gap positive along x + αΔx (docs/spec.md §4); :func:`armijo` backtracks from it
 until Φ decreases enough. Both take the step's :class:`~ipcjax.problem.StepProblem`.
+:func:`expand` doubles an accepted full step while Φ keeps falling (``Config.line_search_expansions``),
+inside a step bound and a candidate box of its own (:func:`box_limit`).
 :func:`reach_contacts` picks out the few candidate rows either of them can see along
 x → x + Δx, so that both can run over those rows only (:mod:`ipcjax.newton`).
 """
@@ -139,3 +141,47 @@ def armijo(phi, x, dx, config: Config, *, phi0, slope, alpha0):
 
     a, k, ok, val = jax.lax.while_loop(cond, body, (alpha0, jnp.int32(0), jnp.bool_(False), phi0))
     return a, k, ok, val
+
+
+#: Expansion trigger: the full Newton step decreased Φ by at least this fraction of
+#: |∇Φ·Δx|. A quadratic model with the true Hessian predicts ½; more means the solver's
+#: Hessian is stiffer along Δx than Φ is (a projected tangent in a buckling film), and
+#: Newton creeps along Δx by about one step per iteration.
+EXPAND_RATIO = 0.75
+
+
+def box_limit(x, dx, box, margin):
+    """Largest α ≥ 0 with x + αΔx inside the box [lo − margin, hi + margin] (``box`` = (lo, hi),
+    (N, 3) each); +∞ where Δx = 0. x itself must lie inside it."""
+    lo, hi = box[0] - margin, box[1] + margin
+    up = jnp.where(dx > 0, (hi - x) / jnp.where(dx > 0, dx, 1.0), jnp.inf)
+    down = jnp.where(dx < 0, (lo - x) / jnp.where(dx < 0, dx, 1.0), jnp.inf)
+    return jnp.maximum(jnp.min(jnp.minimum(up, down)), 0.0)
+
+
+def expand(phi, x, dx, config: Config, *, phi0, phi1, slope, alpha_max, doublings: int):
+    """From an accepted full step α = 1: double α while Φ falls and Armijo holds.
+
+    ``phi``: z ↦ Φ(z), exact for every z = x + αΔx with α ≤ ``alpha_max`` (its rows hold
+    every stencil that can matter there); ``phi0`` = Φ(x), ``phi1`` = Φ(x + Δx) (J) and
+    ``slope`` = ∇Φ·Δx. A doubling to 2α is taken when 2α ≤ ``alpha_max``,
+    Φ(x + 2αΔx) < Φ(x + αΔx) and Φ(x + 2αΔx) ≤ Φ(x) + c·2α·∇Φ·Δx; the first that is not
+    ends it, as do ``doublings`` (static) of them. ``alpha_max`` must keep every gap
+    positive (a step bound) and the points inside the candidates' box. Returns (α,
+    Φ(x + αΔx), trials: the values of Φ computed).
+    """
+    v1 = jnp.asarray(phi1, x.dtype)
+
+    def cond(c):
+        a, _, k, go = c
+        return go & (k < doublings) & (2.0 * a <= alpha_max)
+
+    def body(c):
+        a, v, k, _ = c
+        a2 = 2.0 * a
+        v2 = phi(x + a2 * dx)
+        ok = jnp.isfinite(v2) & (v2 < v) & (v2 <= phi0 + config.armijo * a2 * slope)
+        return jnp.where(ok, a2, a), jnp.where(ok, v2, v), k + 1, ok
+
+    a, v, k, _ = jax.lax.while_loop(cond, body, (jnp.asarray(1.0, x.dtype), v1, jnp.int32(0), jnp.bool_(True)))
+    return a, v, k

@@ -257,7 +257,10 @@ class Config:
     conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
     within ``cg_max_iterations`` (not reaching it is a failed factorization);
     ``"sparse"`` factorizes the sparse Hessian by LDLᵀ on the host (:mod:`ipcjax.ldl`,
-    exact like ``"dense"``, without the (3F)² matrix).
+    exact like ``"dense"``, without the (3F)² matrix). ``line_search_expansions`` (static,
+    0–16; 0 is the specification's line search): after a full Newton step that lowered Φ
+    by at least :data:`ipcjax.line_search.EXPAND_RATIO` of |∇Φ·Δx|, up to that many
+    doublings of α while Φ keeps falling (:func:`ipcjax.line_search.expand`, docs/design.md).
     """
 
     membrane: str = "neo_hookean"       # or "stvk": energies.membrane.MEMBRANE_MODELS
@@ -273,6 +276,7 @@ class Config:
     cg_tolerance: float = 1e-8          # relative residual ‖Hz + g‖/‖g‖ of the CG direction
     cg_max_iterations: int = 5000
     ccd_passes: int = 256               # conservative-advancement passes of the step bound (1: single bound)
+    line_search_expansions: int = 0     # doublings of an accepted full step while Φ falls (0: none)
 
     def __post_init__(self):
         _memb.membrane_model(self.membrane)  # unknown names raise, listing the known ones
@@ -289,11 +293,14 @@ class Config:
             raise ValueError("max_newton and max_line_search must be ≥ 1 and max_subdivisions ≥ 0")
         if not self.ccd_passes >= 1:
             raise ValueError(f"ccd_passes must be ≥ 1; got {self.ccd_passes}")
+        e = self.line_search_expansions
+        if isinstance(e, bool) or not (isinstance(e, (int, np.integer)) and 0 <= e <= 16):
+            raise ValueError(f"line_search_expansions must be an integer in [0, 16]; got {self.line_search_expansions!r}")
 
 
 _CONFIG_NUMBERS = ("dhat", "min_gap", "skin", "max_newton", "max_line_search", "armijo",
                    "max_subdivisions", "cg_tolerance", "cg_max_iterations", "ccd_passes")
-_CONFIG_STATIC = ("membrane", "bending", "linear_solver")
+_CONFIG_STATIC = ("membrane", "bending", "linear_solver", "line_search_expansions")
 
 
 def _config_flatten(c: Config):

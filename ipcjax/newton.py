@@ -18,7 +18,11 @@ One bounded ``lax.while_loop`` over a :class:`NewtonState`; each iteration
 5. bounds the step along each candidate's current separating normal
    (:func:`ipcjax.line_search.step_bound`), and
 6. backtracks from that bound until Φ(x+αΔx) ≤ Φ(x) + 10⁻⁴ α ∇Φ·Δx (≤ 48 halvings,
-   :func:`ipcjax.line_search.armijo`).
+   :func:`ipcjax.line_search.armijo`); with ``config.line_search_expansions`` > 0, a full
+   step taken at the first trial that lowered Φ by ≥ :data:`~ipcjax.line_search.EXPAND_RATIO`
+   of |∇Φ·Δx| is doubled while Φ keeps falling (:func:`ipcjax.line_search.expand`),
+   within the step bound and the candidates' box ± skin/2 of the longer segment, so
+   steps 4 and 5 hold for it too (docs/design.md).
 
 Only a few of the M candidate rows matter to an iteration (at the pouch bag's tie 475 of
 14,445 lie inside d̂). With ``Capacity.active`` below M, an iteration does not look at
@@ -47,7 +51,8 @@ import jax.numpy as jnp
 
 from ipcjax import candidates as _cand
 from ipcjax import distance as _dist
-from ipcjax.line_search import armijo, compact_contacts, gap_lower_bound, reach_contacts, step_bound
+from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
+                                reach_contacts, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import (
@@ -106,6 +111,7 @@ class SolveInfo(NamedTuple):
     min_step_bound: jnp.ndarray  # () smallest ccd α₀ over the iterations
     last_step_norm: jnp.ndarray  # () max|Δx| of the last direction, m
     stats: CandidateStats
+    expansions: jnp.ndarray      # () int32 iterations whose step went beyond α = 1 (Config.line_search_expansions)
 
 
 class NewtonState(NamedTuple):
@@ -123,6 +129,7 @@ class NewtonState(NamedTuple):
     box: tuple                   # ((N, 3), (N, 3)) swept box of the last query, m
     ref_x: jnp.ndarray           # (N, 3) where ref_gap was taken, m
     ref_gap: jnp.ndarray         # (M,) gaps of the contact rows at ref_x (+∞ for padding), m
+    expansions: jnp.ndarray      # () int32 iterations that took an expanded step (α > 1)
 
 
 def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: CandidateStats, *, capacity,
@@ -196,6 +203,27 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
             phi = potential(cs2)
             return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
 
+        def expand_step(cs2, box2, rx2, rg2, *, phi0, val, a, k):
+            """(α, trials) after :func:`expand` from the accepted α = 1: up to 2^E, no further than
+            the candidates' box ± half the skin and the step bound along that longer segment.
+            Φ(x) and Φ(x + Δx) are the line search's: the rows that the longer segment adds keep
+            gaps ≥ d̂ for α ≤ 1, so their barrier is exactly 0 there."""
+            reach = jnp.minimum(2.0 ** config.line_search_expansions, box_limit(x, dx, box2, half_skin))
+            if compact:
+                sub, n_reach = reach_contacts(reach * dx, cs2, gap_lower_bound(x, rx2, rg2, cs2), dhat, active)
+            else:
+                sub, n_reach = cs2, jnp.int32(0)
+            bound = step_bound(x, reach * dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
+            phi = potential(sub)
+            # more rows in reach than slots: no expansion (it is optional, so no overflow)
+            cap = jnp.where(n_reach > (active if compact else n_reach), 0.0, reach * bound)
+            a2, _, k2 = jax.lax.cond(
+                cap >= 2.0,
+                lambda: expand(phi, x, dx, config, phi0=phi0, phi1=val, slope=slope, alpha_max=cap,
+                               doublings=config.line_search_expansions),
+                lambda: (a, jnp.zeros((), x.dtype), jnp.int32(0)))
+            return a2, k + k2
+
         # both branches: (x, contacts, stats, trials, step bound α₀, code, box, reference)
         def move(_):
             lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
@@ -208,43 +236,58 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
             cs2, st2, box2, rx2, rg2 = jax.lax.cond(
                 inside, lambda _: (s.contacts, st, s.box, ref_x, ref_gap), requery, None)
             if compact:
-                sub, n_reach = reach_contacts(dx, cs2, gap_lower_bound(x, rx2, rg2, cs2), dhat, active)
+                lb2 = gap_lower_bound(x, rx2, rg2, cs2)
+                sub, n_reach = reach_contacts(dx, cs2, lb2, dhat, active)
                 a0 = step_bound(x, dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
                 phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
-                a, k, ok, _ = armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
+                phi0 = phi(x)
+                a, k, ok, val = armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0)
                 # more rows in reach than slots: the bound and Φ above missed some; stop with
                 # the overflow (the host grows the slots and redoes the step)
                 st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
+                over_reach = n_reach > active
             else:
-                a0, a, k, ok, _ = over_all_rows(cs2)
+                a0, a, k, ok, val = over_all_rows(cs2)
+                phi0 = potential(cs2)(x) if config.line_search_expansions else None
+                over_reach = jnp.bool_(False)
+            if config.line_search_expansions:
+                # a full step that fell much further than the Newton model said: try longer ones
+                go = (ok & (k == 1) & (a0 >= 1.0) & ~converged & ~over_reach & (slope < 0)
+                      & (val - phi0 <= EXPAND_RATIO * slope))
+                a, k = jax.lax.cond(go, lambda: expand_step(cs2, box2, rx2, rg2, phi0=phi0, val=val, a=a, k=k),
+                                    lambda: (a, k))
             bad = (~ok) | (slope >= 0)
             code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
                               jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
                                         jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
             x2 = jnp.where(code2 == 0, x + a * dx, x)
-            return x2, cs2, st2, k, a0, code2, box2, rx2, rg2
+            return x2, cs2, st2, k, a0, code2, box2, rx2, rg2, a
 
         def stay(_):
-            return x, s.contacts, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), s.box, ref_x, ref_gap
+            return (x, s.contacts, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), s.box, ref_x, ref_gap,
+                    jnp.asarray(0.0, x.dtype))
 
         # The last, sub-tolerance direction is still taken (when the line search accepts it),
         # so that motion slower than tolerance/dt is not quantised away; a rejected final
         # step just leaves x where it is.
-        x2, cs2, st2, k, a0, code2, box2, rx2, rg2 = jax.lax.cond(fact_ok & ~over, move, stay, None)
+        x2, cs2, st2, k, a0, code2, box2, rx2, rg2, a_taken = jax.lax.cond(fact_ok & ~over, move, stay, None)
         code2 = jnp.where(converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
         code2 = set_code(code2, StepCode.FACTORIZATION_FAILED, unless=fact_ok | over)
         code2 = set_code(code2, StepCode.CAPACITY_OVERFLOW, where=over)
         code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
         return NewtonState(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, converged=converged,
                            code=code2, trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0),
-                           step_norm=step_norm, box=box2, ref_x=rx2, ref_gap=rg2)
+                           step_norm=step_norm, box=box2, ref_x=rx2, ref_gap=rg2,
+                           expansions=s.expansions + ((code2 == 0) & (a_taken > 1.0)).astype(jnp.int32))
 
     if gaps is None and compact:
         gaps = gaps_at(x_init, contacts)
     init = NewtonState(x=x_init, contacts=contacts, stats=stats, iteration=jnp.int32(0), converged=jnp.bool_(False),
                        code=jnp.int32(0), trials=jnp.int32(0), min_bound=jnp.asarray(1.0, x_init.dtype),
                        step_norm=jnp.asarray(jnp.inf, x_init.dtype), box=(x_init, x_init),
-                       ref_x=x_init, ref_gap=jnp.zeros(contacts.idx.shape[0], x_init.dtype) if gaps is None else gaps)
+                       ref_x=x_init, ref_gap=jnp.zeros(contacts.idx.shape[0], x_init.dtype) if gaps is None else gaps,
+                       expansions=jnp.int32(0))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
-    return s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats)
+    return s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats,
+                                       s.expansions)

@@ -46,6 +46,7 @@ class StepInfo(NamedTuple):
     overflow: jnp.ndarray
     work: jnp.ndarray
     n_active: jnp.ndarray         # active contact rows the Hessian needed (Capacity.active)
+    expansions: jnp.ndarray       # Newton iterations whose step went beyond α = 1 (Config.line_search_expansions)
 
 
 def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
@@ -128,7 +129,8 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
         t=jnp.where(ok, state.t + dt, state.t),
     )
     info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
-                    stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active)
+                    stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active,
+                    sinfo.expansions)
     return new_state, info
 
 
@@ -158,6 +160,7 @@ class StepReport(NamedTuple):
     reallocations: int
     wall_s: float
     capacity: object
+    expansions: int               # Newton iterations that took an expanded step, summed over substeps
 
     def raise_if_failed(self):
         if not self.ok:
@@ -275,7 +278,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         capacity = check_geometry(model, state.x, config, capacity)
     if capacity is None:
         capacity = _cand.initial_capacity(model.topology)
-    acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0)
+    acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0, expansions=0)
 
     def run(st, h, depth):
         nonlocal capacity
@@ -290,6 +293,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
             break
         acc["iterations"] += int(info.iterations)
         acc["trials"] += int(info.line_search_trials)
+        acc["expansions"] += int(info.expansions)
         acc["amin"] = min(acc["amin"], float(info.min_step_bound))
         if code == 0:
             acc["substeps"] += 1
@@ -309,7 +313,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         ok=code == 0, code=code, reason=StepCode.describe(code), substeps=acc["substeps"],
         max_depth=acc["max_depth"], iterations=acc["iterations"], line_search_trials=acc["trials"],
         min_step_bound=acc["amin"], min_gap=acc["gmin"], reallocations=acc["realloc"],
-        wall_s=time.perf_counter() - t_start, capacity=capacity)
+        wall_s=time.perf_counter() - t_start, capacity=capacity, expansions=acc["expansions"])
     return (out if code == 0 else state), report
 
 

@@ -78,6 +78,13 @@ def test_config_rejects_unknown_models():
         Config(bending="cubic")
 
 
+def test_config_rejects_bad_line_search_expansions():
+    for bad in (-1, 17, 2.0, True):
+        with pytest.raises(ValueError, match=r"line_search_expansions must be an integer in \[0, 16\]"):
+            Config(line_search_expansions=bad)
+    assert Config().line_search_expansions == 0  # off unless a scene asks for it
+
+
 def test_names_resolve_to_one_object_each():
     """Config's strings name the model and solver objects; the Hessian projection has one
     name, PSDProjection, whose string values are the old ones, and unknown names raise."""
