@@ -2,10 +2,11 @@
 commit and of this working tree on the same window, each in its own process, alternated.
 
     python3 benchmarks/ab_bag.py --before REV [--state scenes/data/bag_full_tie.npz] [--steps 24] [--rounds 2]
+    python3 benchmarks/ab_bag.py --before REV --state start --steps 2520 --rounds 1   # the whole protocol
 
 The earlier commit is checked out into a temporary ``git worktree`` (removed afterwards);
 each (round, tree) runs ``scenes.bag_run.run_bag`` of that tree, with the tree first on
-``sys.path``, resuming from --state for --steps steps of 1/240 s (no meshes, no pictures,
+``sys.path``, resuming from --state (``start``: from t = 0) for --steps steps of 1/240 s (no meshes, no pictures,
 no progress bar), in a fresh process. Rounds alternate before, after, before, after, …
 so that the machine's load falls on both alike. Timed: the stepping after the first step
 (``wall_s − first_step_s`` of the run's summary.json: the host driver with its jitted
@@ -39,9 +40,9 @@ def worker(root, state, steps, out):
     os.chdir(root)
     from scenes.bag_run import BagRunOptions, run_bag
 
-    rs = np.load(state)
     dt = 1.0 / 240.0
-    until = (int(rs["step"]) + steps) * dt
+    start = 0 if state is None else int(np.load(state)["step"])
+    until = (start + steps) * dt
     t0 = time.perf_counter()
     res = run_bag(BagRunOptions(out=out, resume=state, until=until, mesh_every=0, pictures=False, progress=False,
                                 checkpoint_every=10 ** 9))
@@ -56,23 +57,26 @@ def worker(root, state, steps, out):
                 frames_with_self_intersection=s["audit"]["frames_with_self_intersection"],
                 audit_min_film_film_m=s["audit"]["min_film_film_m"], run_bag_s=run_bag_s,
                 outside_stepping_s=run_bag_s - s["wall_s"],
-                failure=s["failure"], last_film=os.path.join(out, "last_film.npy"))
+                failure=s["failure"], measurements=s.get("measurements"), unfold_checked=s.get("unfold_checked"),
+                last_film=os.path.join(out, "last_film.npy"))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", help="git revision of the earlier tree")
-    ap.add_argument("--state", default="scenes/data/bag_full_tie.npz")
+    ap.add_argument("--state", default="scenes/data/bag_full_tie.npz",
+                    help="a saved bag state to resume from, or 'start' for t = 0 (--steps 2520: the whole protocol)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--worker", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.state, args.steps, args.worker[1])))
+        state = None if args.state == "start" else args.state
+        print(json.dumps(worker(args.worker[0], state, args.steps, args.worker[1])))
         return None
     if not args.before:
         ap.error("--before REV is required")
-    state = os.path.abspath(args.state)
+    state = args.state if args.state == "start" else os.path.abspath(args.state)
     with before_tree(args.before) as (tmp, old):
         runs = alternate(old, args.rounds, lambda tree, root, k: [
             os.path.abspath(__file__), "--worker", root, os.path.join(tmp, f"{tree}{k}"), "--state", state,
