@@ -94,7 +94,8 @@ def replay(state, stop_at):
 
     sc, config, cap, st, ctl = window(state, stop_at + 1, 0, stop_at=stop_at)
     model = sc.model
-    inputs = StepInputs(sc.params, jnp.asarray(st.x), jnp.asarray(st.v), ctl, jnp.asarray(sc.dt, jnp.float64))
+    inputs = StepInputs(sc.params, jnp.asarray(st.x, jnp.float64), jnp.asarray(st.v, jnp.float64), ctl,
+                        jnp.asarray(sc.dt, jnp.float64))
     active = active_size(cap)
     cs0, _ = jax.jit(lambda inp: query_contacts(inp.x0, inp.x0, model, config, cap, skin=config.skin))(inputs)
     problem = jax.jit(lambda inp, cs: step_problem(model, config, inp, cs, active=active))(inputs, cs0)
