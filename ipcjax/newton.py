@@ -201,22 +201,24 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
         def over_all_rows(cs2):
             a0 = step_bound(x, dx, cs2, problem, geometry=stencil_geometry(x, cs2, radius, min_gap))
             phi = potential(cs2)
-            return (a0,) + armijo(phi, x, dx, config, phi0=phi(x), slope=slope, alpha0=a0)
+            phi0 = phi(x)
+            return (a0,) + armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0) + (phi0,)
 
-        def expand_step(cs2, box2, rx2, rg2, *, phi0, val, a, k):
+        def expand_step(cs2, box2, lb2, *, phi0, val, a, k):
             """(α, trials) after :func:`expand` from the accepted α = 1: up to 2^E, no further than
             the candidates' box ± half the skin and the step bound along that longer segment.
             Φ(x) and Φ(x + Δx) are the line search's: the rows that the longer segment adds keep
             gaps ≥ d̂ for α ≤ 1, so their barrier is exactly 0 there."""
             reach = jnp.minimum(2.0 ** config.line_search_expansions, box_limit(x, dx, box2, half_skin))
             if compact:
-                sub, n_reach = reach_contacts(reach * dx, cs2, gap_lower_bound(x, rx2, rg2, cs2), dhat, active)
+                sub, n_reach = reach_contacts(reach * dx, cs2, lb2, dhat, active)
+                fits = n_reach <= active
             else:
-                sub, n_reach = cs2, jnp.int32(0)
+                sub, fits = cs2, True
             bound = step_bound(x, reach * dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
             phi = potential(sub)
             # more rows in reach than slots: no expansion (it is optional, so no overflow)
-            cap = jnp.where(n_reach > (active if compact else n_reach), 0.0, reach * bound)
+            cap = jnp.where(fits, reach * bound, 0.0)
             a2, _, k2 = jax.lax.cond(
                 cap >= 2.0,
                 lambda: expand(phi, x, dx, config, phi0=phi0, phi1=val, slope=slope, alpha_max=cap,
@@ -247,14 +249,13 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
                 st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
                 over_reach = n_reach > active
             else:
-                a0, a, k, ok, val = over_all_rows(cs2)
-                phi0 = potential(cs2)(x) if config.line_search_expansions else None
-                over_reach = jnp.bool_(False)
+                a0, a, k, ok, val, phi0 = over_all_rows(cs2)
+                lb2, over_reach = None, jnp.bool_(False)
             if config.line_search_expansions:
                 # a full step that fell much further than the Newton model said: try longer ones
                 go = (ok & (k == 1) & (a0 >= 1.0) & ~converged & ~over_reach & (slope < 0)
                       & (val - phi0 <= EXPAND_RATIO * slope))
-                a, k = jax.lax.cond(go, lambda: expand_step(cs2, box2, rx2, rg2, phi0=phi0, val=val, a=a, k=k),
+                a, k = jax.lax.cond(go, lambda: expand_step(cs2, box2, lb2, phi0=phi0, val=val, a=a, k=k),
                                     lambda: (a, k))
             bad = (~ok) | (slope >= 0)
             code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
