@@ -107,7 +107,7 @@ def replay(state, stop_at):
     j_near = jax.jit(lambda cs, lb: compact_contacts(cs, lb < dhat, active))
     j_asm = jax.jit(lambda x, pr, cs: gradient_and_blocks(
         x, pr, cs, geometry=stencil_geometry(x, cs, radius, min_gap)))
-    j_dir = jax.jit(lambda g, hb: solver.direction(g, solver.init(hb))[:2])
+    j_dir = jax.jit(lambda g, hb: (lambda d: (d.value, d.ok))(solver.direction(g, solver.init(hb))))
     j_full = jax.jit(lambda dxf, x: jnp.zeros_like(x).at[fp].set(dxf.reshape(F, 3)))
     j_query = jax.jit(lambda x, dx: query_contacts(x, x + dx, model, config, cap, skin=config.skin))
     j_reach = jax.jit(lambda dx, cs, lb: reach_contacts(dx, cs, lb, dhat, active))

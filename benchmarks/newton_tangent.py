@@ -59,6 +59,7 @@ def patch(variant, exact_ok):
     elif variant == "exact_first":
         import ipcjax.newton as N
         from ipcjax.ldl import sparse_solve
+        from ipcjax.linear_solvers import LinearSolution
 
         assemble = N.gradient_and_blocks
 
@@ -73,10 +74,11 @@ def patch(variant, exact_ok):
 
             def direction(self, g, pair):
                 he, hp = pair
-                dx, ok = sparse_solve(he, -g, require_pd=True)
-                jax.debug.callback(lambda o: exact_ok.append(bool(o)), ok)
-                dx, ok = jax.lax.cond(ok, lambda: (dx, ok), lambda: sparse_solve(hp, -g, require_pd=True))
-                return jnp.where(ok, dx, 0.0), ok, None
+                dx, status = sparse_solve(he, -g, require_pd=True)
+                jax.debug.callback(lambda o: exact_ok.append(bool(o)), status == 0)
+                dx, status = jax.lax.cond(status == 0, lambda: (dx, status),
+                                          lambda: sparse_solve(hp, -g, require_pd=True))
+                return LinearSolution(jnp.where(status == 0, dx, 0.0), status, None)
 
         N.gradient_and_blocks = both
         N.linear_solver = lambda config: ExactFirst()

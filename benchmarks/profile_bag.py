@@ -172,7 +172,7 @@ def profile_state(name, path, repeat):
     j_near = jax.jit(lambda cs, lb: compact_contacts(cs, lb < dhat, active))
     j_geom = jax.jit(lambda x, cs: stencil_geometry(x, cs, radius, min_gap))
     j_asm = jax.jit(lambda x, problem, cs, geom: gradient_and_blocks(x, problem, cs, geometry=geom))
-    j_dir = jax.jit(lambda g, hb: solver.direction(g, solver.init(hb))[:2])
+    j_dir = jax.jit(lambda g, hb: (lambda d: (d.value, d.ok))(solver.direction(g, solver.init(hb))))
     j_full = jax.jit(lambda dxf, x: jnp.zeros_like(x).at[fp].set(dxf.reshape(F, 3)))
     j_query = jax.jit(lambda x, dx, model: query_contacts(x, x + dx, model, config, cap, skin=config.skin))
     j_reach = jax.jit(lambda dx, cs, lb: reach_contacts(dx, cs, lb, dhat, active))

@@ -77,7 +77,7 @@ def _worker(n: int, path: str, repeat: int) -> dict:
     # counts to the assembly, its direction to the direction
     solver = linear_solver(cfg)
     assemble = jax.jit(lambda x: (lambda g, hb: (g, solver.init(hb)))(*blocks(x)))
-    direction = jax.jit(lambda g, A: (lambda d, ok, info: (d, ok, info.iterations))(*solver.direction(g, A)))
+    direction = jax.jit(lambda g, A: (lambda d: (d.value, d.ok, d.stats.iterations))(solver.direction(g, A)))
     g, A = assemble(x)
     dxf, ok, cg_iters = direction(g, A)
     assert bool(ok), f"{path} direction failed at n={n}"

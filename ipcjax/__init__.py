@@ -9,12 +9,13 @@ One timestep, in the order its data flows (docs/spec.md §2):
     potential.py      Φ(x; problem, contacts), ∇Φ and the Hessian as element blocks
     candidates.py     broad phase with static capacity and an overflow flag
     capacity.py       the broad phase's capacities: first guess, check, growth
-    linear_solvers.py DenseCholesky, SparseLDL (ldl.py), BlockJacobiCG: direction and solve
+    linear_solvers.py LinearSolver: DenseCholesky, SparseLDL (ldl.py), BlockJacobiCG; direction
+                      and solve, each a LinearSolution with a LinearStatus
     line_search.py    conservative step bound (ccd.py, distance.py) and Armijo backtracking
     newton.py         the bounded Newton loop over a NewtonState
     step.py           one step: solve, FP32 rounding, gap recheck, velocities; host retries
     implicit.py       the implicit VJP of a step and differentiable rollouts
-    result.py         StepCode bits and the one helper that sets them
+    result.py         StepCode bits and the one helper that sets them; LinearStatus
     compile_guard.py  frees compiled programs before XLA's CPU compiler meets the kernel's
                       cap on memory mappings (installed on import; changes no JAX setting)
 

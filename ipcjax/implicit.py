@@ -26,10 +26,11 @@ The linear solve is the ``solve`` of the same solver object the Newton direction
 (LU for the exact Hessian, Cholesky for the projected one); CG solves with block-Jacobi
 PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is positive
 semidefinite, and the inertia makes it definite); the sparse one factorizes the sparse
-H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A CG solve that misses its tolerance, or a
-sparse factorization with a zero pivot (a non-positive one for the projected Hessian),
-gives a NaN solution, and a host check then raises :class:`BackwardFailed` rather than
-hand back a NaN (or silently wrong) gradient.
+H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A solve that fails (a singular LU, a zero
+pivot, a non-positive one for the projected Hessian, CG short of its tolerance) gives a
+NaN solution and its :class:`~ipcjax.result.LinearStatus`, and a host check then raises
+:class:`BackwardFailed` naming that status rather than hand back a NaN (or silently
+wrong) gradient.
 
 A rollout (:class:`Rollout`) never returns a failed step either: a non-zero step code
 raises :class:`RolloutFailed` naming the step and the reason, and a capacity overflow
@@ -54,12 +55,12 @@ import numpy as np
 
 from ipcjax import candidates as _cand
 from ipcjax.energies import PSDProjection
-from ipcjax.linear_solvers import linear_solver
+from ipcjax.linear_solvers import LinearSolution, linear_solver
 from ipcjax.model import Config, Controls, Model, check_controls, check_dt, check_params
 from ipcjax.newton import CandidateStats, active_size
 from ipcjax.potential import ContactSet, friction_kinks, gradient_and_blocks, incremental_potential
 from ipcjax.problem import StepInputs, StepProblem
-from ipcjax.result import StepCode, set_code
+from ipcjax.result import LinearStatus, StepCode, set_code
 from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_problem
 
 
@@ -70,13 +71,15 @@ def free_gradient(x, problem: StepProblem, contacts: ContactSet):
 
 
 def solve_at(x, problem: StepProblem, contacts: ContactSet, rhs, *, projection: PSDProjection = PSDProjection.NONE,
-             active: int | None = None):
+             active: int | None = None) -> LinearSolution:
     """u = H⁻¹ rhs with H the Hessian of Φ at x (``projection``: exact or per-element PSD).
 
-    The linear solver is the one ``config.linear_solver`` names (:mod:`ipcjax.linear_solvers`).
-    H is assembled over the barrier stencils inside d̂ compacted into ``active`` rows
-    (None: every candidate row); when x has more of them, the solve is redone with every
-    row (``lax.cond``: both are compiled, one runs), so the result never misses a contact.
+    The linear solver is the one ``config.linear_solver`` names (:mod:`ipcjax.linear_solvers`);
+    its :class:`~ipcjax.linear_solvers.LinearSolution` comes back whole (``value`` is NaN
+    unless ``status`` is SUCCESSFUL). H is assembled over the barrier stencils inside d̂
+    compacted into ``active`` rows (None: every candidate row); when x has more of them,
+    the solve is redone with every row (``lax.cond``: both are compiled, one runs), so the
+    result never misses a contact.
     """
     solver = linear_solver(problem.config)
 
@@ -84,10 +87,10 @@ def solve_at(x, problem: StepProblem, contacts: ContactSet, rhs, *, projection: 
         _, hb = gradient_and_blocks(x, problem, contacts, projection=projection, active=rows)
         return solver.solve(solver.init(hb), rhs, projection), hb.n_active
 
-    u, n_active = solve_with(active)
+    sol, n_active = solve_with(active)
     if active is None:
-        return u
-    return jax.lax.cond(n_active <= active, lambda: u, lambda: solve_with(None)[0])
+        return sol
+    return jax.lax.cond(n_active <= active, lambda: sol, lambda: solve_with(None)[0])
 
 
 def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProjection = "exact",
@@ -129,8 +132,9 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
         x, cs, cs0, inputs = res
         xbar = cot[0]
         problem = step_problem(model, config, inputs, cs0, active=active)
-        u = solve_at(x, problem, cs, -xbar[model.free_particles].reshape(-1), projection=projection, active=active)
-        jax.debug.callback(_check_backward, jnp.all(jnp.isfinite(u)))
+        sol = solve_at(x, problem, cs, -xbar[model.free_particles].reshape(-1), projection=projection, active=active)
+        jax.debug.callback(_check_backward, sol.status)
+        u = sol.value  # NaN unless the solve succeeded
         def G(theta):  # x*'s fixed entries are x₀'s
             x_tied = jnp.where(model.fixed[:, None], theta.x0, x)
             return free_gradient(x_tied, step_problem(model, config, theta, cs0, active=active), cs)
@@ -167,7 +171,15 @@ class RolloutFailed(StepFailed):
 
 
 class BackwardFailed(RuntimeError):
-    """The implicit backward solve of a step failed: its gradient would be NaN."""
+    """The implicit backward solve of a step failed: its gradient would be NaN.
+
+    ``status`` is the solve's :class:`~ipcjax.result.LinearStatus` (singular, not positive
+    definite, non-finite input, CG's iteration cap or breakdown).
+    """
+
+    def __init__(self, message, status: int = 0):
+        super().__init__(message)
+        self.status = int(status)
 
 
 _LAST_FAILURE: list = [None]  # the exception a check raised last (see rollout_failure)
@@ -193,10 +205,13 @@ def _raise(err):
     raise err
 
 
-def _check_backward(finite):
-    if not np.all(np.asarray(finite)):
-        _raise(BackwardFailed("the implicit backward solve of a rollout step failed (the Hessian at x* "
-                              "is singular, or CG missed its tolerance): the gradient would be NaN"))
+def _check_backward(status):
+    """Host check after a backward solve: raise :class:`BackwardFailed` naming its status."""
+    status = int(np.asarray(status))
+    if status != LinearStatus.SUCCESSFUL:
+        _raise(BackwardFailed(f"the implicit backward solve of a rollout step failed: "
+                              f"{LinearStatus.describe(status)} (the Hessian at x*, or CG on it); "
+                              "the gradient would be NaN", status))
 
 
 def _check_codes(codes, stats: CandidateStats):

@@ -22,9 +22,10 @@ Without pivoting, the pivots D are those of a Cholesky factorization squared int
 diagonal, so H is positive definite exactly when every D > 0. With ``require_pd`` (the
 Newton direction and the projected implicit solve) a pivot ≤ 0 is a failure, like a
 failed Cholesky; otherwise (the exact implicit Hessian, which may be indefinite away from
-a minimiser) only a zero or non-finite pivot is. A failure returns NaNs and False: the
-Newton loop reports it as ``FACTORIZATION_FAILED`` and the backward pass as a NaN
-cotangent, never a silently wrong answer.
+a minimiser) only a zero or non-finite pivot is. A failure returns NaNs and its
+:class:`~ipcjax.result.LinearStatus` (non-finite input, singular, not positive definite):
+the Newton loop reports it as ``FACTORIZATION_FAILED`` and the backward pass raises
+``BackwardFailed`` naming it, never a silently wrong answer.
 
 The callback has no derivative rule and needs none: the Newton solve is differentiated
 by the implicit-function VJP (:mod:`ipcjax.implicit`), whose backward solve calls this
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipcjax.potential import HessianBlocks
+from ipcjax.result import LinearStatus
 
 
 def _upper_coo(n, rows, blocks, *, drop_zeros=True):
@@ -165,35 +167,40 @@ def upper_csc(diag, rows, blocks):
 
 
 def host_solve(diag, rows, blocks, rhs, require_pd=True):
-    """Host: (u, ok) for H u = rhs by sparse LDLᵀ; u is NaN where ok is False."""
+    """Host: (u, status) for H u = rhs by sparse LDLᵀ; u is NaN where the
+    :class:`~ipcjax.result.LinearStatus` ``status`` is not SUCCESSFUL."""
     import qdldl
 
     rhs = np.asarray(rhs, np.float64)
-    fail = np.full(rhs.shape, np.nan), np.bool_(False)
+
+    def fail(status):
+        return np.full(rhs.shape, np.nan), np.int32(status)
+
     U = upper_csc(diag, rows, blocks)
     if not (np.all(np.isfinite(U.data)) and np.all(np.isfinite(rhs))):
-        return fail
+        return fail(LinearStatus.NON_FINITE_INPUT)
     try:
         solver = qdldl.Solver(U, upper=True)
     except (ValueError, RuntimeError):  # a zero pivot
-        return fail
+        return fail(LinearStatus.SINGULAR)
     D = solver.factors()[1]
-    good = np.all(np.isfinite(D)) & (np.all(D > 0) if require_pd else np.all(D != 0))
-    if not good:
-        return fail
+    if not np.all(np.isfinite(D)) or np.any(D == 0):
+        return fail(LinearStatus.SINGULAR)
+    if require_pd and np.any(D < 0):
+        return fail(LinearStatus.NOT_POSITIVE_DEFINITE)
     u = solver.solve(rhs)
     if not np.all(np.isfinite(u)):
-        return fail
-    return u, np.bool_(True)
+        return fail(LinearStatus.SINGULAR)
+    return u, np.int32(LinearStatus.SUCCESSFUL)
 
 
 def sparse_solve(hb: HessianBlocks, rhs, require_pd: bool = True):
-    """u = H⁻¹ rhs over the free DOFs by host sparse LDLᵀ; returns (u, ok).
+    """u = H⁻¹ rhs over the free DOFs by host sparse LDLᵀ; returns (u, status).
 
-    Traceable (``jax.pure_callback``); ``u`` is NaN where ``ok`` is False (see the module
-    docstring for what counts as a failure).
+    Traceable (``jax.pure_callback``); ``status`` is an int32
+    :class:`~ipcjax.result.LinearStatus`, and ``u`` is NaN where it is not SUCCESSFUL (see
+    the module docstring for what counts as a failure).
     """
-    out = (jax.ShapeDtypeStruct(rhs.shape, jnp.float64), jax.ShapeDtypeStruct((), jnp.bool_))
+    out = (jax.ShapeDtypeStruct(rhs.shape, jnp.float64), jax.ShapeDtypeStruct((), jnp.int32))
     return jax.pure_callback(lambda d, r, b, y: host_solve(d, r, b, y, require_pd), out,
                              hb.diag, hb.rows, hb.blocks, rhs, vmap_method="sequential")
-

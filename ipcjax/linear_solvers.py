@@ -1,15 +1,21 @@
 """The linear solves of the Newton direction and of the implicit VJP, as objects.
 
-Each solver is one object with the lineax-style pair the library needs from it:
+Every solver is a :class:`LinearSolver`: the lineax-style trio the library needs from it.
 
 * ``init(hb)``: the operator in the solver's form, from the element blocks
   (:class:`ipcjax.potential.HessianBlocks`): the scattered dense matrix, or the blocks;
-* ``direction(g, op) -> (Δx, ok, LinearSolveInfo)``: the Newton direction H Δx = −g with
-  a success flag (H positive definite, or the iteration converged); Δx is 0 where not ok;
-* ``solve(op, rhs, projection) -> u``: u = H⁻¹ rhs for the implicit VJP, NaN on failure.
+* ``direction(g, op) -> LinearSolution``: the Newton direction H Δx = −g; its ``value``
+  is 0 unless the status is SUCCESSFUL (H positive definite, or the iteration converged);
+* ``solve(op, rhs, projection) -> LinearSolution``: u = H⁻¹ rhs for the implicit VJP;
+  its ``value`` is NaN unless the status is SUCCESSFUL.
 
-The Newton loop (:mod:`ipcjax.newton`), the implicit VJP (:mod:`ipcjax.implicit`) and the
-benchmarks all call these objects; :func:`linear_solver` gives the one ``Config`` names.
+A :class:`LinearSolution` carries the answer, an int32
+:class:`~ipcjax.result.LinearStatus` that says why there is none (non-finite input, not
+positive definite, singular, CG's iteration cap or breakdown) and the
+:class:`LinearSolveInfo` counts. SUCCESSFUL implies a finite ``value``. The Newton loop
+(:mod:`ipcjax.newton`) stops on any other status with ``FACTORIZATION_FAILED``; the
+implicit VJP (:mod:`ipcjax.implicit`) raises ``BackwardFailed`` naming it. The benchmarks
+call the same objects; :func:`linear_solver` gives the one ``Config`` names.
 
 =============== ============================= ============================================
 ``"dense"``     :class:`DenseCholesky`        direction: Cholesky of D H D, D = diag(H)^(−½);
@@ -23,6 +29,7 @@ benchmarks all call these objects; :func:`linear_solver` gives the one ``Config`
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import NamedTuple
 
@@ -34,6 +41,7 @@ from ipcjax.energies import PSDProjection
 from ipcjax.ldl import sparse_solve
 from ipcjax.model import LINEAR_SOLVERS, Config
 from ipcjax.potential import HessianBlocks, dense_hessian, hessian_block_diagonal, hessian_matvec
+from ipcjax.result import LinearStatus
 
 
 class LinearSolveInfo(NamedTuple):
@@ -41,8 +49,51 @@ class LinearSolveInfo(NamedTuple):
     residual: jnp.ndarray    # () CG's relative residual ‖b − A z‖/‖b‖ (recurrence); NaN for direct solves
 
 
+class LinearSolution(NamedTuple):
+    """What a :class:`LinearSolver` returns (a pytree: it passes through jit and vmap)."""
+
+    value: jnp.ndarray       # (3F,) the solution; 0 (direction) or NaN (solve) unless successful
+    status: jnp.ndarray      # () int32 LinearStatus; SUCCESSFUL implies a finite value
+    stats: LinearSolveInfo
+
+    @property
+    def ok(self):
+        """() bool: status is SUCCESSFUL."""
+        return self.status == int(LinearStatus.SUCCESSFUL)
+
+
 def _direct_info():
     return LinearSolveInfo(jnp.int32(0), jnp.asarray(jnp.nan))
+
+
+def _status(*cases):
+    """The status of the first (condition, LinearStatus) pair that holds, else SUCCESSFUL."""
+    out = jnp.int32(LinearStatus.SUCCESSFUL)
+    for cond, status in reversed(cases):
+        out = jnp.where(cond, jnp.int32(status), out)
+    return out
+
+
+def _finite(*arrays):
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in arrays]))
+
+
+class LinearSolver(abc.ABC):
+    """The base of the linear solvers: ``init``, ``direction`` and ``solve`` (module docstring)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def init(self, hb: HessianBlocks):
+        """The operator in this solver's form."""
+
+    @abc.abstractmethod
+    def direction(self, g, op) -> LinearSolution:
+        """Δx with H Δx = −g, H positive definite; ``value`` 0 unless successful."""
+
+    @abc.abstractmethod
+    def solve(self, op, rhs, projection: PSDProjection) -> LinearSolution:
+        """u = H⁻¹ rhs (exact or projected H); ``value`` NaN unless successful."""
 
 
 # --------------------------------------------------------------------------- dense
@@ -60,7 +111,7 @@ def equilibrated_cholesky_direction(g, H):
     return jnp.where(ok, dx, 0.0), ok
 
 
-class DenseCholesky:
+class DenseCholesky(LinearSolver):
     """The dense (3F, 3F) Hessian (8·(3F)² bytes), factorized by Cholesky (or LU)."""
 
     name = "dense"
@@ -68,19 +119,23 @@ class DenseCholesky:
     def init(self, hb: HessianBlocks):
         return dense_hessian(hb)
 
-    def direction(self, g, H):
+    def direction(self, g, H) -> LinearSolution:
         dx, ok = equilibrated_cholesky_direction(g, H)
-        return dx, ok, _direct_info()
+        status = _status((~_finite(g, H), LinearStatus.NON_FINITE_INPUT), (~ok, LinearStatus.NOT_POSITIVE_DEFINITE))
+        return LinearSolution(dx, status, _direct_info())
 
-    def solve(self, H, rhs, projection: PSDProjection):
+    def solve(self, H, rhs, projection: PSDProjection) -> LinearSolution:
         if PSDProjection(projection) is PSDProjection.NONE:
-            return jnp.linalg.solve(H, rhs)
-        return jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs)
+            u, failed = jnp.linalg.solve(H, rhs), LinearStatus.SINGULAR
+        else:
+            u, failed = jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs), LinearStatus.NOT_POSITIVE_DEFINITE
+        status = _status((~_finite(H, rhs), LinearStatus.NON_FINITE_INPUT), (~_finite(u), failed))
+        return LinearSolution(jnp.where(status == 0, u, jnp.nan), status, _direct_info())
 
 
 # --------------------------------------------------------------------------- sparse
 
-class SparseLDL:
+class SparseLDL(LinearSolver):
     """The sparse Hessian factorized as P H Pᵀ = L D Lᵀ on the host (:mod:`ipcjax.ldl`)."""
 
     name = "sparse"
@@ -88,12 +143,13 @@ class SparseLDL:
     def init(self, hb: HessianBlocks):
         return hb
 
-    def direction(self, g, hb: HessianBlocks):
-        dx, ok = sparse_solve(hb, -g, require_pd=True)
-        return jnp.where(ok, dx, 0.0), ok, _direct_info()
+    def direction(self, g, hb: HessianBlocks) -> LinearSolution:
+        dx, status = sparse_solve(hb, -g, require_pd=True)
+        return LinearSolution(jnp.where(status == 0, dx, 0.0), status, _direct_info())
 
-    def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection):
-        return sparse_solve(hb, rhs, require_pd=PSDProjection(projection) is PSDProjection.PER_ELEMENT)[0]
+    def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
+        u, status = sparse_solve(hb, rhs, require_pd=PSDProjection(projection) is PSDProjection.PER_ELEMENT)
+        return LinearSolution(u, status, _direct_info())
 
 
 # --------------------------------------------------------------------------- CG
@@ -102,9 +158,10 @@ def pcg(matvec, b, precond, tol, max_iterations):
     """Preconditioned conjugate gradients for A z = b, A SPD, from z = 0.
 
     Stops when ‖r‖ ≤ tol·‖b‖ or after ``max_iterations``; a non-positive or non-finite
-    curvature pᵀAp (A not SPD) stops it as a breakdown. Returns (z, converged,
-    LinearSolveInfo); ``converged`` is False on breakdown, on the iteration cap and on
-    non-finite input.
+    curvature pᵀAp (A not SPD) stops it as a breakdown. Returns (z, status,
+    LinearSolveInfo); ``status`` (int32 :class:`~ipcjax.result.LinearStatus`) is
+    NON_FINITE_INPUT for a non-finite b, BREAKDOWN, MAX_ITERATIONS, SINGULAR for a
+    non-finite z, or SUCCESSFUL.
     """
     bnorm = jnp.linalg.norm(b)
     s = precond(b)
@@ -130,7 +187,9 @@ def pcg(matvec, b, precond, tol, max_iterations):
     z, r, _, _, k, broke = jax.lax.while_loop(cond, body, init)
     rnorm = jnp.linalg.norm(r)
     converged = (rnorm <= tol * bnorm) & ~broke
-    return z, converged, LinearSolveInfo(k, rnorm / jnp.where(bnorm > 0, bnorm, 1.0))
+    status = _status((~jnp.isfinite(bnorm), LinearStatus.NON_FINITE_INPUT), (broke, LinearStatus.BREAKDOWN),
+                     (~converged, LinearStatus.MAX_ITERATIONS), (~_finite(z), LinearStatus.SINGULAR))
+    return z, status, LinearSolveInfo(k, rnorm / jnp.where(bnorm > 0, bnorm, 1.0))
 
 
 def block_jacobi(hb: HessianBlocks):
@@ -140,7 +199,7 @@ def block_jacobi(hb: HessianBlocks):
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockJacobiCG:
+class BlockJacobiCG(LinearSolver):
     """Block-Jacobi preconditioned CG on the element blocks; H is never formed.
 
     Block-Jacobi preconditioning makes CG invariant to the dense path's diagonal
@@ -157,19 +216,22 @@ class BlockJacobiCG:
         return hb
 
     def _pcg(self, hb, b):
-        return pcg(lambda v: hessian_matvec(hb, v), b, block_jacobi(hb), self.tolerance, self.max_iterations)
+        z, status, info = pcg(lambda v: hessian_matvec(hb, v), b, block_jacobi(hb), self.tolerance,
+                              self.max_iterations)
+        # a NaN in H shows up inside CG as a breakdown; name it for what it is
+        status = jnp.where(_finite(hb.diag, *hb.blocks), status, jnp.int32(LinearStatus.NON_FINITE_INPUT))
+        return z, status, info
 
-    def direction(self, g, hb: HessianBlocks):
-        dx, conv, info = self._pcg(hb, -g)
-        ok = conv & jnp.all(jnp.isfinite(dx))
-        return jnp.where(ok, dx, 0.0), ok, info
+    def direction(self, g, hb: HessianBlocks) -> LinearSolution:
+        dx, status, info = self._pcg(hb, -g)
+        return LinearSolution(jnp.where(status == 0, dx, 0.0), status, info)
 
-    def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection):
-        u, conv, _ = self._pcg(hb, rhs)
-        return jnp.where(conv, u, jnp.nan)
+    def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
+        u, status, info = self._pcg(hb, rhs)
+        return LinearSolution(jnp.where(status == 0, u, jnp.nan), status, info)
 
 
-def linear_solver(config: Config):
+def linear_solver(config: Config) -> LinearSolver:
     """The solver object ``config.linear_solver`` names (CG with the config's tolerance and cap)."""
     if config.linear_solver == "cg":
         return BlockJacobiCG(config.cg_tolerance, config.cg_max_iterations)
@@ -177,4 +239,5 @@ def linear_solver(config: Config):
 
 
 _DIRECT = {"dense": DenseCholesky(), "sparse": SparseLDL()}
-assert set(_DIRECT) | {"cg"} == set(LINEAR_SOLVERS)
+if set(_DIRECT) | {"cg"} != set(LINEAR_SOLVERS):  # a solver named in model.py must exist here
+    raise ImportError(f"linear_solvers.py serves {sorted(set(_DIRECT) | {'cg'})}, model.py names {LINEAR_SOLVERS}")

@@ -6,8 +6,9 @@ One bounded ``lax.while_loop`` over a :class:`NewtonState`; each iteration
    (:func:`ipcjax.potential.gradient_and_blocks`),
 2. solves H Δx = −∇Φ with the linear solver object ``config.linear_solver`` names
    (:mod:`ipcjax.linear_solvers`: dense equilibrated Cholesky, host sparse LDLᵀ, or
-   block-Jacobi CG); a failed factorization, or CG short of its tolerance, stops the
-   solve with ``FACTORIZATION_FAILED``,
+   block-Jacobi CG); a solve whose :class:`~ipcjax.result.LinearStatus` is not
+   SUCCESSFUL (a failed factorization, CG short of its tolerance) stops the solve with
+   ``FACTORIZATION_FAILED``,
 3. stops after this iteration when max|Δx| < tolerance (m) — the last small step is
    still taken when the line search accepts it,
 4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
@@ -188,7 +189,8 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
     def body(s: NewtonState):
         x = s.x
         g, hb, n_active, ref_x, ref_gap = assemble(s)
-        dxf, fact_ok, _ = solver.direction(g, solver.init(hb))
+        direction = solver.direction(g, solver.init(hb))
+        dxf, fact_ok = direction.value, direction.ok
         # more active contact rows than Capacity.active: the direction misses some; stop
         # with the overflow (the host grows the capacity and redoes the step)
         st = s.stats.with_active(n_active, active)

@@ -37,3 +37,23 @@ def set_code(code, flag: StepCode, *, where=None, unless=None):
     does not (give one of the two; traceable)."""
     bit = jnp.where(where, int(flag), 0) if unless is None else jnp.where(unless, 0, int(flag))
     return code | bit.astype(jnp.int32)
+
+
+class LinearStatus(enum.IntEnum):
+    """Why a linear solve (:mod:`ipcjax.linear_solvers`) gave no answer (0 = success), in
+    the manner of lineax's ``RESULTS``. Inside jit it is an int32; :meth:`describe` names it."""
+
+    SUCCESSFUL = 0
+    NON_FINITE_INPUT = 1        # a NaN or an infinity in the matrix or the right-hand side
+    NOT_POSITIVE_DEFINITE = 2   # Cholesky failed, or an LDLᵀ pivot ≤ 0 where the solve needs H > 0
+    SINGULAR = 3                # a zero pivot, or a non-finite solution of a finite system
+    MAX_ITERATIONS = 4          # CG stopped at its iteration cap short of its tolerance
+    BREAKDOWN = 5               # CG met a non-positive curvature pᵀHp: H is not positive definite
+
+    @classmethod
+    def describe(cls, status: int) -> str:
+        status = int(status)
+        try:
+            return cls(status).name.lower().replace("_", " ")
+        except ValueError:
+            return f"unknown linear-solve status {status}"

@@ -13,7 +13,7 @@ from ipcjax.implicit import BackwardFailed, RolloutFailed, _check_backward, _che
     rollout_failure, stack_controls
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import CandidateStats
-from ipcjax.result import StepCode
+from ipcjax.result import LinearStatus, StepCode
 from scenes.film import drape_scene
 
 STEPS = 2
@@ -85,8 +85,13 @@ def test_host_check_names_the_first_failed_step_and_its_reason():
         _check_codes(batch, CandidateStats(counts, counts, counts, counts, np.zeros((3, T, 2, 3)), counts))
     assert e.value.needs[:3] == (7, 7, 7)
     _check_codes(np.zeros(T, np.int32), CandidateStats(z, z, z, z, np.zeros((T, 2, 3)), z))  # all ok: silent
-    with pytest.raises(BackwardFailed, match="gradient would be NaN"):
-        _check_backward(np.asarray(False))
+    for status in LinearStatus:
+        if status is LinearStatus.SUCCESSFUL:
+            _check_backward(np.int32(status))  # a successful backward solve: silent
+            continue
+        with pytest.raises(BackwardFailed, match=f"failed: {status.name.lower().replace('_', ' ')} .*gradient would be NaN") as e:
+            _check_backward(np.int32(status))
+        assert e.value.status == status
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -13,7 +13,8 @@ from ipcjax import ldl
 from ipcjax.audit import audit_trajectory
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
-from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, SparseLDL, linear_solver
+from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, LinearSolver, SparseLDL, linear_solver
+from ipcjax.result import LinearStatus
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import query_contacts
 from ipcjax.potential import (
@@ -71,19 +72,42 @@ def test_block_matvec_equals_dense_hessian(contact_system, exact):
 
 def test_cg_direction_matches_the_cholesky_direction(contact_system):
     g, hb = contact_system(False)
-    dense, ok_dense, _ = DenseCholesky().direction(g, dense_hessian(hb))
-    cg, ok_cg, info = jax.jit(linear_solver(CG).direction)(g, hb)
-    assert bool(ok_dense) and bool(ok_cg)
+    dense_solution = DenseCholesky().direction(g, dense_hessian(hb))
+    dense = dense_solution.value
+    cg, status_cg, info = jax.jit(linear_solver(CG).direction)(g, hb)
+    assert bool(dense_solution.ok) and int(status_cg) == LinearStatus.SUCCESSFUL
     assert 0 < int(info.iterations) < CG.cg_max_iterations and float(info.residual) <= CG.cg_tolerance
     assert rel_err(cg, dense) < 1e-6
 
 
+def test_dense_solver_names_why_it_failed():
+    """Every solver returns a LinearSolution whose status names the failure (lineax-style):
+    the dense one on small matrices that are indefinite, singular or not finite."""
+    g = jnp.asarray([1.0, -2.0, 0.5])
+    spd = jnp.asarray([[4.0, 1.0, 0.0], [1.0, 3.0, 0.5], [0.0, 0.5, 2.0]])
+    dense = DenseCholesky()
+    assert isinstance(dense, LinearSolver) and isinstance(linear_solver(CG), LinearSolver)
+    ok = dense.direction(g, spd)
+    assert bool(ok.ok) and np.all(np.isfinite(np.asarray(ok.value))) and np.any(np.asarray(ok.value))
+    indefinite = dense.direction(g, spd.at[2, 2].set(-2.0))
+    assert int(indefinite.status) == LinearStatus.NOT_POSITIVE_DEFINITE and not np.any(np.asarray(indefinite.value))
+    assert int(dense.direction(g.at[1].set(jnp.inf), spd).status) == LinearStatus.NON_FINITE_INPUT
+    singular = spd.at[2].set(0.0).at[:, 2].set(0.0)
+    sol = dense.solve(singular, g, "exact")
+    assert int(sol.status) == LinearStatus.SINGULAR and np.all(np.isnan(np.asarray(sol.value)))
+    assert int(dense.solve(spd.at[0, 0].set(jnp.nan), g, "exact").status) == LinearStatus.NON_FINITE_INPUT
+    sol = dense.solve(spd, g, "projected")
+    assert bool(sol.ok)
+    np.testing.assert_allclose(np.asarray(sol.value), np.linalg.solve(np.asarray(spd), np.asarray(g)), rtol=1e-12)
+    assert LinearStatus.describe(3) == "singular" and "unknown" in LinearStatus.describe(99)
+
+
 def test_cg_that_misses_its_tolerance_fails_like_a_factorization(contact_system):
     g, hb = contact_system(False)
-    dx, ok, info = linear_solver(Config(linear_solver="cg", cg_max_iterations=2)).direction(g, hb)
-    assert not bool(ok) and int(info.iterations) == 2 and not np.any(np.asarray(dx))
+    dx, status, info = linear_solver(Config(linear_solver="cg", cg_max_iterations=2)).direction(g, hb)
+    assert int(status) == LinearStatus.MAX_ITERATIONS and int(info.iterations) == 2 and not np.any(np.asarray(dx))
     g_nan = g.at[0].set(jnp.nan)
-    assert not bool(linear_solver(CG).direction(g_nan, hb)[1])
+    assert int(linear_solver(CG).direction(g_nan, hb).status) == LinearStatus.NON_FINITE_INPUT
 
 
 def test_implicit_vjp_solve_by_cg_matches_dense(contact_system):
@@ -93,11 +117,14 @@ def test_implicit_vjp_solve_by_cg_matches_dense(contact_system):
     dense = DenseCholesky()
     rhs = jnp.asarray(np.random.default_rng(3).normal(size=(3 * 81,)))
     _, hb = contact_system(False)
-    assert rel_err(solve(hb, rhs, "projected"), dense.solve(dense.init(hb), rhs, "projected")) < 1e-8
-    # away from a minimiser the exact Hessian is indefinite: CG reports it with NaN, not a wrong u
+    assert rel_err(solve(hb, rhs, "projected").value, dense.solve(dense.init(hb), rhs, "projected").value) < 1e-8
+    # away from a minimiser the exact Hessian is indefinite: CG reports it with NaN and its
+    # status, not a wrong u
     _, hb = contact_system(True)
     assert np.linalg.eigvalsh(np.asarray(dense_hessian(hb))).min() < 0
-    assert np.all(np.isnan(np.asarray(solve(hb, rhs, "exact"))))
+    sol = solve(hb, rhs, "exact")
+    assert np.all(np.isnan(np.asarray(sol.value)))
+    assert int(sol.status) in (LinearStatus.BREAKDOWN, LinearStatus.MAX_ITERATIONS), LinearStatus.describe(sol.status)
 
 
 DRAPE_STEPS = 12
@@ -281,8 +308,8 @@ def test_per_block_weights_equal_the_kind_selected_ones(active_system):
 # ---------------------------------------------------------------- the sparse direct path (ipcjax.ldl)
 
 def sparse_direction(g, hb):
-    dx, ok, _ = SparseLDL().direction(g, hb)
-    return dx, ok
+    d = SparseLDL().direction(g, hb)
+    return d.value, d.ok
 
 
 def test_upper_triangle_is_the_dense_matrix(contact_system):
@@ -328,9 +355,10 @@ def test_upper_csc_is_the_dense_matrix_and_keeps_its_pattern(contact_system):
 
 def test_sparse_direction_matches_the_cholesky_direction(contact_system):
     g, hb = contact_system(False)
-    dense, ok_dense, _ = DenseCholesky().direction(g, dense_hessian(hb))
+    dense_solution = DenseCholesky().direction(g, dense_hessian(hb))
+    dense = dense_solution.value
     sparse, ok_sparse = jax.jit(sparse_direction)(g, hb)
-    assert bool(ok_dense) and bool(ok_sparse)
+    assert bool(dense_solution.ok) and bool(ok_sparse)
     assert_nonzero(sparse)
     assert rel_err(sparse, dense) < 1e-10
 
@@ -343,15 +371,16 @@ def test_sparse_solve_tells_indefinite_from_singular(contact_system):
     assert np.linalg.eigvalsh(H).min() < 0
     rhs = jnp.asarray(np.random.default_rng(3).normal(size=H.shape[0]))
     solve = jax.jit(sparse_solve, static_argnums=2)
-    u, ok = solve(hb, rhs, True)
-    assert not bool(ok) and np.all(np.isnan(np.asarray(u)))
-    u, ok = solve(hb, rhs, False)
-    assert bool(ok)
+    u, status = solve(hb, rhs, True)
+    assert int(status) == LinearStatus.NOT_POSITIVE_DEFINITE and np.all(np.isnan(np.asarray(u)))
+    u, status = solve(hb, rhs, False)
+    assert int(status) == LinearStatus.SUCCESSFUL
     assert rel_err(u, np.linalg.solve(H, np.asarray(rhs))) < 1e-8
     # the implicit VJP's solve on the sparse path, both Hessians, against the dense path
     sparse, dense = SparseLDL(), DenseCholesky()
-    solve_sp = jax.jit(sparse.solve, static_argnums=2)
-    solve_d = jax.jit(lambda hb, rhs, projection: dense.solve(dense.init(hb), rhs, projection), static_argnums=2)
+    solve_sp = jax.jit(lambda hb, rhs, projection: sparse.solve(hb, rhs, projection).value, static_argnums=2)
+    solve_d = jax.jit(lambda hb, rhs, projection: dense.solve(dense.init(hb), rhs, projection).value,
+                      static_argnums=2)
     assert rel_err(solve_sp(hb, rhs, "exact"), solve_d(hb, rhs, "exact")) < 1e-8
     _, hb_p = contact_system(False)
     assert rel_err(solve_sp(hb_p, rhs, "projected"), solve_d(hb_p, rhs, "projected")) < 1e-10
@@ -359,25 +388,25 @@ def test_sparse_solve_tells_indefinite_from_singular(contact_system):
     F3 = H.shape[0]
     hb_sing = hb._replace(diag=hb.diag.at[0].set(0.0),
                           rows=tuple(jnp.where(r == 0, F3 + 5, r) for r in hb.rows))
-    u, ok = solve(hb_sing, rhs, False)
-    assert not bool(ok) and np.all(np.isnan(np.asarray(u)))
+    u, status = solve(hb_sing, rhs, False)
+    assert int(status) == LinearStatus.SINGULAR and np.all(np.isnan(np.asarray(u)))
 
 
 def test_sparse_solve_rejects_non_finite_input(contact_system):
     g, hb = contact_system(False)
-    dx, ok = sparse_direction(g.at[4].set(jnp.nan), hb)
-    assert not bool(ok) and not np.any(np.asarray(dx))
+    d = SparseLDL().direction(g.at[4].set(jnp.nan), hb)
+    assert int(d.status) == LinearStatus.NON_FINITE_INPUT and not np.any(np.asarray(d.value))
     blocks = list(hb.blocks)
     blocks[0] = blocks[0].at[0, 0, 0].set(jnp.inf)
-    assert not bool(sparse_direction(g, hb._replace(blocks=tuple(blocks)))[1])
+    assert int(SparseLDL().direction(g, hb._replace(blocks=tuple(blocks))).status) == LinearStatus.NON_FINITE_INPUT
 
 
 def test_sparse_solve_under_vmap(contact_system):
     _, hb = contact_system(False)
     H = np.asarray(dense_hessian(hb))
     R = jnp.asarray(np.random.default_rng(5).normal(size=(3, H.shape[0])))
-    U, ok = jax.jit(jax.vmap(lambda r: sparse_solve(hb, r)))(R)
-    assert np.all(np.asarray(ok))
+    U, status = jax.jit(jax.vmap(lambda r: sparse_solve(hb, r)))(R)
+    assert np.all(np.asarray(status) == LinearStatus.SUCCESSFUL)
     assert rel_err(U, np.linalg.solve(H, np.asarray(R).T).T) < 1e-10
 
 
