@@ -26,6 +26,37 @@ os.environ.setdefault("IPCJAX_COMPILATION_CACHE", "off")
 jax.config.update("jax_enable_x64", True)
 
 
+#: The test files that take longest, slowest first: each worker gets one of them while the
+#: other works through the rest, so that neither is left with a heavy file at the end. From
+#: ``python3 -m pytest -q -p no:cacheprovider --durations=80`` at c9d4c6b (2026-12-05), the
+#: seconds of each file's tests summed; docs/tests.md "Keeping the suite fast". A stale
+#: order costs only time: every collected test still runs.
+HEAVY_FIRST = (
+    "tests/test_sparse.py",            # 344 s
+    "tests/test_layers_gradient.py",   # 274 s
+    "tests/test_implicit.py",          # 269 s
+    "tests/test_readme.py",            # 233 s
+    "tests/test_rollout_failures.py",  # 158 s
+    "tests/test_step.py",              # 151 s
+    "tests/test_fitting.py",           # 103 s
+    "tests/test_cli.py",               # 84 s
+    "tests/test_sweep.py",             # 83 s
+    "tests/test_line_search.py",       # 83 s
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Run the files of HEAVY_FIRST first, in that order; the others after them in
+    collection order, each file's tests in their own order.
+
+    The suite runs with ``--dist loadfile --no-loadscope-reorder`` (pyproject.toml): each
+    file goes whole to one of the two workers, in this order. pytest-xdist's own order
+    (files with the most tests first) left the files with two or three long tests for
+    the end, where one worker ran them while the other had finished."""
+    rank = {f: i for i, f in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(HEAVY_FIRST)))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Between tests, the library's guard frees JAX's compiled programs when the process
