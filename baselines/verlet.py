@@ -248,7 +248,8 @@ def fit_stiffness(target_sag: float, cloth: VerletCloth | None = None, state: Ve
         GradientTransformation. progress: a progress bar.
     Returns:
         :class:`fitting.fit.FitResult`: ``params`` (the evaluated iterate with the lowest
-        loss), ``history`` (per evaluation: loss, params {"stiffness": k}, grad_norm, wall_s).
+        loss), ``history`` (one :class:`fitting.fit.FitIterate` per evaluation: loss,
+        grad_norm, wall_s, params {"stiffness": k}).
     """
     import optax
 

@@ -85,7 +85,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     """
     from fitting import bag_rest as br
     from fitting.bag_nodes import NodeFailed
-    from fitting.fit import FitResult
+    from fitting.fit import FitIterate, FitResult
     from fitting.rest_derivative import BAG_NAMES
     from fitting.uncertainty import MODEL_SCATTER_MM, identifiability, interval, reach_message, scatter_budget
     from ipcjax.model import Params
@@ -157,7 +157,8 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
                                  rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
             model_scatter=scatter_budget(J, names, best["params"], options.model_scatter_mm or MODEL_SCATTER_MM,
                                          effective_runs=best["effective_runs"]))
-        history = [dict(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"]) for i, r in enumerate(recs)]
+        history = [FitIterate(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"])
+                   for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))
         except ImportError:

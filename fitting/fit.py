@@ -19,6 +19,7 @@ fit with the step index and the reason (:class:`FitFailed`); parameters never be
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Callable, NamedTuple, Protocol, Sequence, runtime_checkable
@@ -54,9 +55,24 @@ class FitFailed(StepFailed):
         self.step, self.reason, self.iteration = step, reason, iteration
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FitIterate:
+    """One evaluation of a fit: what its history records and its JSON writes (fields in
+    this order)."""
+
+    iteration: int
+    loss: float                     # Σ ((y − target)/scale)² at this iterate
+    grad_norm: float | None = None  # ‖∇loss‖ in the log-parameters; None where not computed
+    wall_s: float                   # seconds since the fit started
+    params: dict                    # the fitted parameters' values, by name
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 class FitResult(NamedTuple):
-    """params: the evaluated iterate with the lowest loss; history: one dict per
-    evaluation; converged: whether a tolerance stopped the loop."""
+    """params: the evaluated iterate with the lowest loss; history: one
+    :class:`FitIterate` per evaluation; converged: whether a tolerance stopped the loop."""
 
     params: Params
     history: list
@@ -65,7 +81,7 @@ class FitResult(NamedTuple):
     def to_json(self, path):
         """Write the fitted values and the per-iteration history as JSON."""
         write_json(path, dict(params={k: np.asarray(v).tolist() for k, v in self.params._asdict().items()},
-                              history=self.history, converged=self.converged))
+                              history=[h.to_json() for h in self.history], converged=self.converged))
 
 
 # --------------------------------------------------------------------------- parameters in z
@@ -320,8 +336,8 @@ def fit(rollout: Callable, measure: Callable, target, params0: Params, names: Se
         iterations: maximum evaluations; loss_tol / rel_tol: early stopping.
         scale: per-measurement scale for the residuals (default |target| or 1).
     Returns:
-        FitResult with the fitted Params, a history of dicts (iteration, loss, params,
-        grad_norm, wall_s) and whether it stopped early on a tolerance.
+        FitResult with the fitted Params, a history of :class:`FitIterate` (iteration,
+        loss, grad_norm, wall_s, params) and whether it stopped early on a tolerance.
     Raises:
         ValueError: bad names, non-finite or non-positive initial values, bad targets.
         FitFailed: a rollout step failed (with its index and reason).
@@ -392,14 +408,14 @@ def fit_measured(problem: MeasuredProblem, target, params0: Params, names: Seque
             loss = float(r @ r)
             g = 2.0 * Jr.T @ r
             p = from_z(problem.names, z_all, params0)
-            history.append(dict(iteration=it, loss=loss, grad_norm=float(np.linalg.norm(g)),
-                                wall_s=time.perf_counter() - t0,
-                                params={n: float(getattr(p, n)) for n in names}))
+            history.append(FitIterate(iteration=it, loss=loss, grad_norm=float(np.linalg.norm(g)),
+                                      wall_s=time.perf_counter() - t0,
+                                      params={n: float(getattr(p, n)) for n in names}))
             if loss < best[0]:
                 best = (loss, z_all)
             if bar:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3e}", **{n: f"{v:.4g}" for n, v in history[-1]["params"].items()},
+                bar.set_postfix(loss=f"{loss:.3e}", **{n: f"{v:.4g}" for n, v in history[-1].params.items()},
                                 step="-" if prev is None else f"{np.max(np.abs(np.asarray(z) - z_prev)):.3g}")
             if loss < loss_tol or (prev is not None and rel_tol > 0 and abs(prev - loss) <= rel_tol * prev):
                 converged = True
@@ -423,12 +439,12 @@ def plot_history(result: FitResult, path: str):
     import matplotlib.pyplot as plt
 
     h = result.history
-    names = list(h[0]["params"]) if h else []
+    names = list(h[0].params) if h else []
     fig, axes = plt.subplots(1 + len(names), 1, figsize=(6, 2.2 * (1 + len(names))), sharex=True)
     axes = np.atleast_1d(axes)
-    it = [r["iteration"] for r in h]
-    axes[0].semilogy(it, [r["loss"] for r in h]); axes[0].set_ylabel("loss")
+    it = [r.iteration for r in h]
+    axes[0].semilogy(it, [r.loss for r in h]); axes[0].set_ylabel("loss")
     for ax, n in zip(axes[1:], names):
-        ax.plot(it, [r["params"][n] for r in h]); ax.set_ylabel(n)
+        ax.plot(it, [r.params[n] for r in h]); ax.set_ylabel(n)
     axes[-1].set_xlabel("iteration")
     fig.tight_layout(); fig.savefig(path); plt.close(fig)

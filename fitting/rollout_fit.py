@@ -199,9 +199,9 @@ def fit_shape(out, scene, rollout, measure, known, *, targets, options, groups, 
             plot_history(res, os.path.join(out, f"fit_{tag}.png"))
         except ImportError:
             pass
-        best = min(res.history, key=lambda h: h["loss"])
+        best = min(res.history, key=lambda h: h.loss)
         rec = dict(params=names, start=start, fitted={n: float(getattr(res.params, n)) for n in names},
-                   iterations=len(res.history), final_loss=best["loss"], converged=res.converged, wall_s=wall)
+                   iterations=len(res.history), final_loss=best.loss, converged=res.converged, wall_s=wall)
         if synthetic:
             rec["relative_error"] = {n: abs(rec["fitted"][n] / float(getattr(known, n)) - 1.0) for n in names}
         fits.append(rec)
@@ -276,7 +276,7 @@ def fit_cantilever(out: str, param: str = "bending_scale", *, target: float | No
         pass
     fitted = float(getattr(res.params, param))
     summary = dict(scene="cantilever", param=param, start=start, fitted=fitted, target_tip_height_m=target,
-                   iterations=len(res.history), final_loss=min(h["loss"] for h in res.history),
+                   iterations=len(res.history), final_loss=min(h.loss for h in res.history),
                    converged=res.converged)
     if synthetic:
         summary["true_value"] = true_value

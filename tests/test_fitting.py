@@ -76,8 +76,8 @@ def test_recovers_bending_scale_from_two_times_off(cantilever):
                            loss_tol=1e-14, scale=1e-3, progress=False)
     assert compilations_of(compiled, "measurements_and_jacobian") == 1, compiled
     assert abs(float(res.params.bending_scale) - 1.0) < 0.01
-    assert res.history[-1]["loss"] < res.history[0]["loss"] * 1e-4
-    assert all(np.isfinite(h["grad_norm"]) and h["grad_norm"] > 0 for h in res.history[:-1])
+    assert res.history[-1].loss < res.history[0].loss * 1e-4
+    assert all(np.isfinite(h.grad_norm) and h.grad_norm > 0 for h in res.history[:-1])
 
 
 def test_bad_fit_input_is_named(cantilever):

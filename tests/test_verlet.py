@@ -323,8 +323,8 @@ def test_fit_stiffness_recovers_known_stiffness():
     target = float(V.sag(V.rollout(cloth, params._replace(stiffness=0.5), state, 60).state.x, 8))
     fit = V.fit_stiffness(target, cloth, state, params, steps=60, n_iter=20, init_stiffness=1.0)
     assert isinstance(fit, FitResult)  # fitting's loop and result type
-    loss = [h["loss"] for h in fit.history]
-    assert len(loss) == 21 and fit.history[0]["params"]["stiffness"] == pytest.approx(1.0)
+    loss = [h.loss for h in fit.history]
+    assert len(loss) == 21 and fit.history[0].params["stiffness"] == pytest.approx(1.0)
     assert min(loss) < 1e-3 * loss[0], loss
     assert abs(float(fit.params.stiffness) - 0.5) < 0.05, fit.params.stiffness
     assert fit.params.damping == 0.8
