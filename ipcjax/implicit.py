@@ -177,7 +177,7 @@ class BackwardFailed(RuntimeError):
     definite, non-finite input, CG's iteration cap or breakdown).
     """
 
-    def __init__(self, message, status: int = 0):
+    def __init__(self, message, *, status: int):
         super().__init__(message)
         self.status = int(status)
 
@@ -211,7 +211,7 @@ def _check_backward(status):
     if status != LinearStatus.SUCCESSFUL:
         _raise(BackwardFailed(f"the implicit backward solve of a rollout step failed: "
                               f"{LinearStatus.describe(status)} (the Hessian at x*, or CG on it); "
-                              "the gradient would be NaN", status))
+                              "the gradient would be NaN", status=status))
 
 
 def _check_codes(codes, stats: CandidateStats):

@@ -61,6 +61,11 @@ class LinearSolution(NamedTuple):
         """() bool: status is SUCCESSFUL."""
         return self.status == int(LinearStatus.SUCCESSFUL)
 
+    @classmethod
+    def masked(cls, value, status, stats, fill: float) -> "LinearSolution":
+        """The solution with ``value`` replaced by ``fill`` (0 or NaN) unless ``status`` is SUCCESSFUL."""
+        return cls(jnp.where(status == int(LinearStatus.SUCCESSFUL), value, fill), status, stats)
+
 
 def _direct_info():
     return LinearSolveInfo(jnp.int32(0), jnp.asarray(jnp.nan))
@@ -130,7 +135,7 @@ class DenseCholesky(LinearSolver):
         else:
             u, failed = jsl.cho_solve(jsl.cho_factor(H, lower=True), rhs), LinearStatus.NOT_POSITIVE_DEFINITE
         status = _status((~_finite(H, rhs), LinearStatus.NON_FINITE_INPUT), (~_finite(u), failed))
-        return LinearSolution(jnp.where(status == 0, u, jnp.nan), status, _direct_info())
+        return LinearSolution.masked(u, status, _direct_info(), jnp.nan)
 
 
 # --------------------------------------------------------------------------- sparse
@@ -145,7 +150,7 @@ class SparseLDL(LinearSolver):
 
     def direction(self, g, hb: HessianBlocks) -> LinearSolution:
         dx, status = sparse_solve(hb, -g, require_pd=True)
-        return LinearSolution(jnp.where(status == 0, dx, 0.0), status, _direct_info())
+        return LinearSolution.masked(dx, status, _direct_info(), 0.0)
 
     def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
         u, status = sparse_solve(hb, rhs, require_pd=PSDProjection(projection) is PSDProjection.PER_ELEMENT)
@@ -224,11 +229,11 @@ class BlockJacobiCG(LinearSolver):
 
     def direction(self, g, hb: HessianBlocks) -> LinearSolution:
         dx, status, info = self._pcg(hb, -g)
-        return LinearSolution(jnp.where(status == 0, dx, 0.0), status, info)
+        return LinearSolution.masked(dx, status, info, 0.0)
 
     def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
         u, status, info = self._pcg(hb, rhs)
-        return LinearSolution(jnp.where(status == 0, u, jnp.nan), status, info)
+        return LinearSolution.masked(u, status, info, jnp.nan)
 
 
 def linear_solver(config: Config) -> LinearSolver:
