@@ -3,6 +3,7 @@ commit and of this working tree on the same window, each in its own process, alt
 
     python3 benchmarks/ab_bag.py --before REV [--state scenes/data/bag_full_tie.npz] [--steps 24] [--rounds 2]
     python3 benchmarks/ab_bag.py --before REV --state start --steps 2520 --rounds 1   # the whole protocol
+    python3 benchmarks/ab_bag.py --before HEAD --xla-threads-before default   # XLA's threads, same code
 
 The earlier commit is checked out into a temporary ``git worktree`` (removed afterwards);
 each (round, tree) runs ``scenes.bag_run.run_bag`` of that tree, with the tree first on
@@ -14,6 +15,9 @@ steps, without the first step's compilation), per step; and the whole ``run_bag`
 (``run_bag_s``: scene, steps, checkpoints, the audit of every frame and the summary),
 with what lies outside the stepping loop (``outside_stepping_s``: the scene and the
 resumed state before it, the trajectory, the audit's wait and the summary after it).
+Both trees' runs get the XLA threading the command-line jobs use
+(:func:`ipcjax.xla_threads.single_threaded_xla`: one thread per program), unless
+``--xla-threads-before`` / ``--xla-threads-after default`` give that tree XLA's own.
 Compared: the Newton iterations, the last frame (largest difference of any film vertex,
 m), the smallest gap and the self-intersection audit. Prints JSON: every run, and after/before as the ratio of each
 tree's best per-step time and of its best ``run_bag_s`` (best: the run least disturbed by
@@ -61,6 +65,16 @@ def worker(root, state, steps, out):
                 last_film=os.path.join(out, "last_film.npy"))
 
 
+def _env(threads: str) -> dict:
+    """This process's environment with XLA_FLAGS as a job sets them for ``threads``."""
+    from ipcjax import xla_threads
+
+    env = dict(os.environ)
+    if threads == "single":
+        env["XLA_FLAGS"] = xla_threads.with_flags(env.get("XLA_FLAGS", ""))
+    return env
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", help="git revision of the earlier tree")
@@ -68,6 +82,9 @@ def main(argv=None):
                     help="a saved bag state to resume from, or 'start' for t = 0 (--steps 2520: the whole protocol)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
+    for tree in ("before", "after"):
+        ap.add_argument(f"--xla-threads-{tree}", choices=("single", "default"), default="single",
+                        help=f"the {tree} tree's XLA threading (default: single, as the jobs set it)")
     ap.add_argument("--worker", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -80,7 +97,8 @@ def main(argv=None):
     with before_tree(args.before) as (tmp, old):
         runs = alternate(old, args.rounds, lambda tree, root, k: [
             os.path.abspath(__file__), "--worker", root, os.path.join(tmp, f"{tree}{k}"), "--state", state,
-            "--steps", str(args.steps)], report=lambda tree, k, r: print(
+            "--steps", str(args.steps)], env_of=lambda tree: _env(getattr(args, f"xla_threads_{tree}")),
+            report=lambda tree, k, r: print(
                 f"{tree} round {k}: {r['per_step_after_first_s']:.3f} s per step, {r['newton_iterations']} Newton "
                 "iterations", file=sys.stderr, flush=True))
         films = {t: [np.load(r.pop("last_film")) for r in runs[t]] for t in runs}
@@ -88,6 +106,7 @@ def main(argv=None):
     a = min(r["per_step_after_first_s"] for r in runs["after"])
     out = dict(
         before=args.before, state=args.state, steps=args.steps, rounds=args.rounds, load_average=os.getloadavg(),
+        xla_threads=dict(before=args.xla_threads_before, after=args.xla_threads_after),
         runs=runs, per_step_s=dict(before_best=b, after_best=a), after_over_before=a / b,
         run_bag_after_over_before=(min(r["run_bag_s"] for r in runs["after"])
                                    / min(r["run_bag_s"] for r in runs["before"])),

@@ -36,15 +36,17 @@ def last_json_line(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def alternate(old, rounds, argv_of, *, parse=last_json_line, report=None):
+def alternate(old, rounds, argv_of, *, parse=last_json_line, report=None, env_of=None):
     """Runs ``python3 *argv_of(tree, root, k)`` from ROOT for k in range(rounds), the tree
     "before" (root ``old``) then "after" (root ROOT); a failed run stops with its stderr.
     Returns {"before": [parse(stdout), …], "after": […]}; ``report(tree, k, result)`` after
-    each run."""
+    each run. ``env_of(tree)``, when given, is the environment of that tree's runs (else
+    this process's)."""
     runs = {"before": [], "after": []}
     for k in range(rounds):
         for tree, root in (("before", old), ("after", ROOT)):
-            r = subprocess.run([sys.executable, *argv_of(tree, root, k)], capture_output=True, text=True, cwd=ROOT)
+            r = subprocess.run([sys.executable, *argv_of(tree, root, k)], capture_output=True, text=True, cwd=ROOT,
+                               env=None if env_of is None else env_of(tree))
             if r.returncode != 0:
                 raise SystemExit(f"{tree} round {k} failed:\n{r.stderr[-3000:]}")
             runs[tree].append(parse(r.stdout))

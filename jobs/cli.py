@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from ipcjax import compilation_cache, runfolder
+from ipcjax import compilation_cache, runfolder, xla_threads
 from ipcjax.model import LINEAR_SOLVERS
 
 
@@ -210,8 +210,10 @@ def main(argv=None) -> int:
         error = "" if asked or not argv else f"ipcjax: error: no job {argv[0]!r}; choose one of {', '.join(JOBS)}\n\n"
         print(error + USAGE, file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
-    job, _ = argv[0], compilation_cache.enable_compilation_cache()  # ipcjax/compilation_cache.py
+    job = argv[0]
     try:
+        xla_threads.single_threaded_xla()  # ipcjax/xla_threads.py: before JAX starts its backend
+        compilation_cache.enable_compilation_cache()  # ipcjax/compilation_cache.py
         return int(JOBS[job][0](argv[1:]) or 0)
     except (ValueError, TypeError, OSError) as e:
         if os.environ.get("IPCJAX_TRACEBACK"):

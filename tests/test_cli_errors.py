@@ -318,3 +318,9 @@ def test_compare_names_a_corrupt_trajectory_in_one_line(capsys, tmp_path):
     np.savez(run / "trajectory.npz", film=np.zeros((2, 9, 3)), spheres=np.zeros((3, 7, 3)), time=np.zeros(2))
     refused(capsys, ["compare", "--ipc", str(run), "--vbd", str(run), "--out", str(tmp_path / "cmp")],
             str(run / "trajectory.npz"), "of one length")
+
+
+def test_an_unknown_xla_threads_setting_is_refused(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("IPCJAX_XLA_THREADS", "many")
+    refused(capsys, ["drape", "--out", str(tmp_path / "d")], "IPCJAX_XLA_THREADS='many'", "'single'", "'default'")
+    assert not (tmp_path / "d").exists()

@@ -1,0 +1,120 @@
+"""The bag's Newton systems solved by the library's host LDLᵀ and by KLU inside XLA (issue #30).
+
+    python3 -m pip install klujax==0.5.2   # not a dependency of ipcjax: only this comparison uses it
+    python3 benchmarks/sparse_solvers.py [--state scenes/data/bag_full_tie.npz] [--repeat 15]
+
+Steps once from a saved bag state (the tie checkpoint by default) and keeps the element
+blocks and right-hand sides that the step's Newton iterations hand to the host
+(``ipcjax.ldl.host_solve``). Then, for the first, a middle and the last of them, the best
+of ``--repeat`` calls of:
+
+* ``host_solve``: what the library does (upper-triangle CSC from the blocks, AMD ordering
+  and QDLDL factorization, solve), and its factorization alone (``qdldl.Solver`` on the
+  ready CSC matrix);
+* ``klujax.solve`` under ``jax.jit``: KLU (BTF, AMD, partial pivoting) inside XLA as an FFI
+  custom call, with no host round trip, on the full symmetric matrix in coordinate form,
+  duplicates already summed (klujax needs them so, and its ``coalesce`` cannot be jitted:
+  the time to build that form inside a program is not counted here); and KLU's symbolic
+  analysis and numeric factorization alone.
+
+Prints one JSON object: per system its size and the milliseconds, and the relative
+difference of KLU's solution from the library's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.timing import best_time  # noqa: E402
+
+
+def best_ms(fn, repeat):
+    """The best of ``repeat`` calls after one warm call, in ms."""
+    return 1e3 * best_time(fn, repeat)
+
+
+def capture(path):
+    """The (diag, rows, blocks, rhs) of every host solve of one step from the state at ``path``."""
+    from ipcjax import ldl
+    from ipcjax.step import advance, make_state
+    from scenes.bag import bag_scene
+    from scenes.bag_run import read_bag_state
+
+    saved, original = [], ldl.host_solve
+
+    def spy(diag, rows, blocks, rhs, require_pd=True):
+        saved.append((np.array(diag), [np.array(r) for r in rows], [np.array(b) for b in blocks], np.array(rhs)))
+        return original(diag, rows, blocks, rhs, require_pd)
+
+    ldl.host_solve = spy
+    try:
+        resolution = str(np.load(path)["resolution"])
+        sc = bag_scene(resolution)
+        rs = read_bag_state(path, sc, resolution)
+        st = make_state(rs["x"], rs["v"], float(rs["t"]))
+        sc.choreography.observe(float(rs["t"]), np.asarray(st.x))
+        ctl = sc.choreography.controls_at(int(rs["step"]), float(rs["t"]))
+        _, rep = advance(sc.model, sc.params, st, ctl, sc.dt, config=sc.config, validate=True)
+        assert rep.ok, rep.reason
+    finally:
+        ldl.host_solve = original
+    return saved, rep.iterations
+
+
+def compare(system, repeat):
+    import jax
+    import jax.numpy as jnp
+    import qdldl
+    import scipy.sparse as sp
+
+    from ipcjax import ldl
+
+    diag, rows, blocks, rhs = system
+    out = dict(n=int(diag.shape[0]))
+    out["host_solve_ms"] = best_ms(lambda: ldl.host_solve(diag, rows, blocks, rhs), repeat)
+    u_ref, status = ldl.host_solve(diag, rows, blocks, rhs)
+    assert int(status) == 0
+    U = ldl.upper_csc(diag, rows, blocks)
+    out["upper_csc_ms"] = best_ms(lambda: ldl.upper_csc(diag, rows, blocks), repeat)
+    out["qdldl_order_and_factor_ms"] = best_ms(lambda: qdldl.Solver(U, upper=True), repeat)
+    try:
+        import klujax
+    except ImportError:
+        out["klujax"] = "not installed (python3 -m pip install klujax==0.5.2)"
+        return out
+    A = (U + sp.triu(U, 1).T).tocoo()
+    A.sum_duplicates()
+    out["nnz_full"] = int(A.nnz)
+    Ai, Aj = jnp.asarray(A.row, jnp.int32), jnp.asarray(A.col, jnp.int32)
+    Ax, b = jnp.asarray(A.data), jnp.asarray(rhs)
+    solve = jax.jit(klujax.solve)
+    out["klujax_solve_ms"] = best_ms(lambda: solve(Ai, Aj, Ax, b), repeat)
+    u = np.asarray(solve(Ai, Aj, Ax, b))
+    out["klujax_relative_difference"] = float(np.linalg.norm(u - u_ref) / np.linalg.norm(u_ref))
+    sym = klujax.analyze(Ai, Aj, out["n"])
+    out["klu_analyze_ms"] = best_ms(lambda: klujax.analyze(Ai, Aj, out["n"]), repeat)
+    out["klu_factor_ms"] = best_ms(lambda: klujax.factor(Ai, Aj, Ax, sym), repeat)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--state", default=os.path.join(ROOT, "scenes/data/bag_full_tie.npz"))
+    ap.add_argument("--repeat", type=int, default=15)
+    args = ap.parse_args(argv)
+    systems, iterations = capture(args.state)
+    picks = sorted({0, len(systems) // 2, len(systems) - 1})
+    out = dict(state=args.state, newton_iterations=iterations, host_solves=len(systems),
+               load_average=os.getloadavg(), systems={str(k): compare(systems[k], args.repeat) for k in picks})
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

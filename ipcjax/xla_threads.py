@@ -1,0 +1,86 @@
+"""XLA's CPU threads for the command-line jobs: each program runs on one thread (issue #30).
+
+A bag step runs many small XLA kernels in every Newton iteration. XLA's CPU runtime hands
+pieces of them to its intra-op thread pool and to Eigen's threads. For kernels this small,
+the hand-over costs more than the second core gives back, and a bag run's other work (the
+host LDLᵀ, the background audit of its frames) wants that core anyway. With
+:data:`FLAGS`, the bag's stepping from the cinch checkpoint took 0.92 of the time per step,
+with the same Newton iterations and the last frame the same bit for bit
+(docs/benchmarks.md, "One XLA thread per program", with the command that measures it).
+
+The jobs (``ipcjax bag``, ``drape``, ``fit``, ``compare``) call :func:`single_threaded_xla`
+before JAX starts its backend. The library never sets it at import: a program that uses
+ipcjax keeps its own XLA settings, and can set the same flags itself::
+
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" python3 my_script.py
+
+What decides:
+
+* ``$IPCJAX_XLA_THREADS``: ``single`` (the default) adds the flags, ``default`` leaves
+  XLA's own threading; anything else is an error that names the variable.
+* A flag that ``$XLA_FLAGS`` already names keeps the user's value.
+* XLA reads ``XLA_FLAGS`` once, when JAX starts its backend. A job started after that in
+  the same process (a test or a notebook that calls ``jobs.cli.main``) runs with the
+  threading that process already has, and :func:`single_threaded_xla` says so in its
+  return value.
+"""
+from __future__ import annotations
+
+import os
+
+ENV = "IPCJAX_XLA_THREADS"
+
+#: The XLA flags of one thread per program, name → value.
+FLAGS = {"--xla_cpu_multi_thread_eigen": "false", "intra_op_parallelism_threads": "1"}
+
+_SINGLE = {"single", "1"}
+_DEFAULT = {"default", "xla"}
+
+
+def with_flags(xla_flags: str, flags: dict | None = None) -> str:
+    """``xla_flags`` (an ``XLA_FLAGS`` value) with each of ``flags`` (default
+    :data:`FLAGS`) appended as ``name=value``, unless it names that flag already."""
+    flags = FLAGS if flags is None else flags
+    named = {item.split("=", 1)[0] for item in xla_flags.split()}
+    extra = [f"{name}={value}" for name, value in flags.items() if name not in named]
+    return " ".join([*xla_flags.split(), *extra])
+
+
+def _backend_started() -> bool:
+    """Whether JAX has started its backend in this process (then XLA_FLAGS was read)."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # another JAX: assume it has, so nothing is claimed
+        return True
+
+
+def single_threaded_xla(environ=None) -> str:
+    """Give XLA's CPU programs one thread each, for the jobs (see the module docstring).
+
+    Returns what holds now: ``"single"`` (the flags are in ``XLA_FLAGS`` for this process
+    and the workers it starts), ``"default"`` (``IPCJAX_XLA_THREADS=default``: XLA's own
+    threading) or ``"unchanged"`` (JAX's backend had started before, so XLA keeps the
+    threading it started with; the flags are not added).
+
+    Raises:
+        ValueError: ``IPCJAX_XLA_THREADS`` is neither ``single`` nor ``default``.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(ENV, "single").strip().lower()
+    if value in _DEFAULT:
+        return "default"
+    if value not in _SINGLE:
+        raise ValueError(f"{ENV}={env.get(ENV)!r}: use 'single' (one XLA thread per program, the jobs' default) "
+                         "or 'default' (XLA's own threading)")
+    if _backend_started():
+        return "unchanged"
+    env["XLA_FLAGS"] = with_flags(env.get("XLA_FLAGS", ""))
+    return "single"
+
+
+def current() -> str:
+    """``"single"`` when this process's ``XLA_FLAGS`` holds :data:`FLAGS` as set here,
+    else ``"default"``: what a summary records."""
+    named = dict(item.split("=", 1) for item in os.environ.get("XLA_FLAGS", "").split() if "=" in item)
+    return "single" if all(named.get(k) == v for k, v in FLAGS.items()) else "default"
