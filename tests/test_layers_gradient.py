@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ipcjax import capacity as C
 from ipcjax.implicit import NonDifferentiableWarning, make_rollout, stack_controls
 from ipcjax.model import Config, Controls, Params
 from scenes.film import FILM_DENSITY, FILM_THICKNESS
@@ -22,12 +23,27 @@ CFG = Config(max_newton=600)  # 1e-11 m takes up to ~135 iterations a step here
 HEAVY = 1000.0  # v₀'s scene: the layers' areal density × this (see below)
 
 
-def _setup(degenerate, **scene):
+def _setup(degenerate, capacity=None, **scene):
     """The scene and one rollout whose tolerance is the controls' (``tolerance=None``)."""
     sc = layers_scene(degenerate=degenerate, **scene)
     m = sc["model"]
-    roll = make_rollout(m, CFG, round_fp32=False, tolerance=None, report=True)
+    roll = make_rollout(m, CFG, capacity, round_fp32=False, tolerance=None, report=True)
     return sc, m, roll
+
+
+#: Capacities above what the four steps of each start need, so that no regrowth compiles
+#: another program (from the initial capacity the rollout grew twice on each start,
+#: compiling a program each time). Measured needs: the generic start 197 vertex–triangle
+#: and 425 edge–edge candidates and 273 active rows; the aligned start 244, 467 and about
+#: 475. Slots beyond the need cost time in every rollout of the Taylor tests, so each start
+#: has its own. A capacity too small on another machine only costs a regrowth: the
+#: rollout grows it and runs again.
+GENERIC_SLOTS = dict(vt=256, ee=512, active=352)
+ALIGNED_SLOTS = dict(vt=320, ee=576, active=576)
+
+
+def _capacity(slots):
+    return C.initial_capacity(layers_scene()["model"].topology)._replace(**slots)
 
 
 def _controls(m, tol):
@@ -43,7 +59,7 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
     steps the same check came out 0.2 % to 16 % off. The Taylor remainder must instead fall
     as h² over at least a decade of steps above that noise floor, wherever the floor lies.
     """
-    sc, m, roll = _setup(degenerate=False)
+    sc, m, roll = _setup(degenerate=False, capacity=_capacity(GENERIC_SLOTS))
     x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
     upper = jnp.asarray(sc["upper"])
     # the upper layer's slide (x) and both layers' heights: friction, stiffness and bending act
@@ -55,7 +71,7 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
         return jnp.sum(W * frames[-1]), kinks
 
     p0 = Params.film_defaults()
-    roll(p0, x0, v0, ctl, DT)  # sizes the candidate capacity for this trajectory (and compiles)
+    roll(p0, x0, v0, ctl, DT)  # compiles the forward program (and grows the capacity if it must)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonDifferentiableWarning)  # the generic start is not flagged
         (val, kinks), g = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(p0, x0, v0)
@@ -117,7 +133,7 @@ def test_two_layer_friction_gradient_in_v0_passes_the_taylor_test():
 def test_degenerate_start_is_flagged():
     # the flag is computed at each step's start; a loose tolerance keeps the solve short
     # (on the aligned start, 1e-10 m runs into the iteration cap)
-    sc, m, roll = _setup(degenerate=True)
+    sc, m, roll = _setup(degenerate=True, capacity=_capacity(ALIGNED_SLOTS))
     x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
     with pytest.warns(NonDifferentiableWarning, match="closest-feature boundary"):
         _, _, codes, kinks = roll(Params.film_defaults(), x0, v0, _controls(m, 1e-6), DT)

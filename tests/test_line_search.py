@@ -3,6 +3,7 @@ functions, and a Newton step of a buckling film with and without it."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ipcjax.line_search import box_limit, expand
 from ipcjax.model import Config, Controls, Params, build_model
@@ -41,6 +42,8 @@ def test_expand_doubles_while_phi_falls_and_stops_at_its_limits():
     assert run(64.0, 6) == 1.0
 
 
+@pytest.mark.slow  # two step programs (expansions 0 and 4), ≈ 90 s in the suite; the expansion is off by
+# default and its pieces are checked on known functions above (test_expand_doubles_while_phi_falls_and_stops_at_its_limits)
 def test_expanded_newton_step_reaches_the_same_minimiser_of_a_buckling_film():
     """A 6 × 6 film squeezed from two sides: the projected membrane tangent (S₊) is stiffer
     than Φ along the buckling mode, so full Newton steps fall further than predicted and
