@@ -1,15 +1,14 @@
 """XLA's CPU threads for the command-line jobs: each program runs on one thread (issue #30).
 
 A bag step runs many small XLA kernels in every Newton iteration. XLA's CPU runtime hands
-pieces of them to its intra-op thread pool and to Eigen's threads. For kernels this small,
-the hand-over costs more than the second core gives back, and a bag run's other work (the
-host LDLᵀ, the background audit of its frames) wants that core anyway. With
-:data:`FLAGS`, the bag's stepping from the cinch checkpoint took 0.92 of the time per step,
+pieces of them to its intra-op thread pool and to Eigen's threads; for kernels this small
+that costs more than the second core gives back. With :data:`FLAGS` the whole bag protocol
+stepped in 0.90 of the time per step (0.75–0.92 in three pairs, with the machine's load),
 with the same Newton iterations and the last frame the same bit for bit
 (docs/benchmarks.md, "One XLA thread per program", with the command that measures it).
 
-The jobs (``ipcjax bag``, ``drape``, ``fit``, ``compare``) call :func:`single_threaded_xla`
-before JAX starts its backend. The library never sets it at import: a program that uses
+Every job (``jobs.cli.main``) calls :func:`single_threaded_xla` before JAX starts its
+backend. The library never sets it at import: a program that uses
 ipcjax keeps its own XLA settings, and can set the same flags itself::
 
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" python3 my_script.py
@@ -33,16 +32,12 @@ ENV = "IPCJAX_XLA_THREADS"
 #: The XLA flags of one thread per program, name → value.
 FLAGS = {"--xla_cpu_multi_thread_eigen": "false", "intra_op_parallelism_threads": "1"}
 
-_SINGLE = {"single", "1"}
-_DEFAULT = {"default", "xla"}
 
-
-def with_flags(xla_flags: str, flags: dict | None = None) -> str:
-    """``xla_flags`` (an ``XLA_FLAGS`` value) with each of ``flags`` (default
-    :data:`FLAGS`) appended as ``name=value``, unless it names that flag already."""
-    flags = FLAGS if flags is None else flags
+def with_flags(xla_flags: str) -> str:
+    """``xla_flags`` (an ``XLA_FLAGS`` value) with each of :data:`FLAGS` appended as
+    ``name=value``, unless it names that flag already."""
     named = {item.split("=", 1)[0] for item in xla_flags.split()}
-    extra = [f"{name}={value}" for name, value in flags.items() if name not in named]
+    extra = [f"{name}={value}" for name, value in FLAGS.items() if name not in named]
     return " ".join([*xla_flags.split(), *extra])
 
 
@@ -68,9 +63,9 @@ def single_threaded_xla(environ=None) -> str:
     """
     env = os.environ if environ is None else environ
     value = env.get(ENV, "single").strip().lower()
-    if value in _DEFAULT:
+    if value == "default":
         return "default"
-    if value not in _SINGLE:
+    if value != "single":
         raise ValueError(f"{ENV}={env.get(ENV)!r}: use 'single' (one XLA thread per program, the jobs' default) "
                          "or 'default' (XLA's own threading)")
     if _backend_started():

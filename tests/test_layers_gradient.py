@@ -23,10 +23,12 @@ CFG = Config(max_newton=600)  # 1e-11 m takes up to ~135 iterations a step here
 HEAVY = 1000.0  # v₀'s scene: the layers' areal density × this (see below)
 
 
-def _setup(degenerate, capacity=None, **scene):
-    """The scene and one rollout whose tolerance is the controls' (``tolerance=None``)."""
+def _setup(degenerate, slots=None, **scene):
+    """The scene and one rollout whose tolerance is the controls' (``tolerance=None``),
+    its capacity the initial one with ``slots`` (below) in place of its guesses."""
     sc = layers_scene(degenerate=degenerate, **scene)
     m = sc["model"]
+    capacity = None if slots is None else C.initial_capacity(m.topology)._replace(**slots)
     roll = make_rollout(m, CFG, capacity, round_fp32=False, tolerance=None, report=True)
     return sc, m, roll
 
@@ -42,10 +44,6 @@ GENERIC_SLOTS = dict(vt=256, ee=512, active=352)
 ALIGNED_SLOTS = dict(vt=320, ee=576, active=576)
 
 
-def _capacity(slots):
-    return C.initial_capacity(layers_scene()["model"].topology)._replace(**slots)
-
-
 def _controls(m, tol):
     return stack_controls([Controls.empty(m.n_particles, tolerance=tol)] * STEPS)
 
@@ -59,7 +57,7 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
     steps the same check came out 0.2 % to 16 % off. The Taylor remainder must instead fall
     as h² over at least a decade of steps above that noise floor, wherever the floor lies.
     """
-    sc, m, roll = _setup(degenerate=False, capacity=_capacity(GENERIC_SLOTS))
+    sc, m, roll = _setup(degenerate=False, slots=GENERIC_SLOTS)
     x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
     upper = jnp.asarray(sc["upper"])
     # the upper layer's slide (x) and both layers' heights: friction, stiffness and bending act
@@ -133,7 +131,7 @@ def test_two_layer_friction_gradient_in_v0_passes_the_taylor_test():
 def test_degenerate_start_is_flagged():
     # the flag is computed at each step's start; a loose tolerance keeps the solve short
     # (on the aligned start, 1e-10 m runs into the iteration cap)
-    sc, m, roll = _setup(degenerate=True, capacity=_capacity(ALIGNED_SLOTS))
+    sc, m, roll = _setup(degenerate=True, slots=ALIGNED_SLOTS)
     x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
     with pytest.warns(NonDifferentiableWarning, match="closest-feature boundary"):
         _, _, codes, kinks = roll(Params.film_defaults(), x0, v0, _controls(m, 1e-6), DT)

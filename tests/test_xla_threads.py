@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ipcjax import xla_threads
-from ipcjax.xla_threads import FLAGS, single_threaded_xla, with_flags
+from ipcjax.xla_threads import single_threaded_xla, with_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SINGLE = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -46,4 +46,3 @@ def test_a_fresh_process_gets_the_flags_before_jax_starts():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:4] == ["single", SINGLE, "single", "unchanged"]
-    assert set(FLAGS) == {"--xla_cpu_multi_thread_eigen", "intra_op_parallelism_threads"}
