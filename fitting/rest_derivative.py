@@ -43,12 +43,14 @@ def _largest_term_force(x, problem, contacts):
     import jax
     import jax.numpy as jnp
 
-    from ipcjax.potential import potential_terms
+    from ipcjax.potential import TERMS
 
     free = problem.model.free_particles
     out = 0.0
-    for name in ("membrane", "bending", "barrier", "friction", "support", "tie"):
-        g = jax.grad(lambda x: potential_terms(x, problem, contacts)[name])(x)[free]
+    for term in TERMS:
+        if term.inertial:  # V + D: the rest state has no inertia
+            continue
+        g = jax.grad(lambda x, term=term: term.value(x, problem, contacts))(x)[free]
         out = jnp.maximum(out, jnp.max(jnp.linalg.norm(g, axis=1)))
     return out
 

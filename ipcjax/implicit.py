@@ -58,9 +58,10 @@ from ipcjax.energies import PSDProjection
 from ipcjax.linear_solvers import LinearSolution, linear_solver
 from ipcjax.model import Config, Controls, Model, check_controls, check_dt, check_params
 from ipcjax.newton import CandidateStats, active_size
-from ipcjax.potential import ContactSet, friction_kinks, gradient_and_blocks, incremental_potential
+from ipcjax.potential import gradient_and_blocks, incremental_potential
 from ipcjax.problem import StepInputs, StepProblem
 from ipcjax.result import LinearStatus, StepCode, set_code
+from ipcjax.stencils import ContactSet, friction_kinks
 from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_problem
 
 
@@ -102,7 +103,7 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
     :class:`~ipcjax.energies.PSDProjection` ("exact" or "projected"). With ``with_stats`` it
     returns ``(x*, code, stats, kinks)``: the solve's :class:`~ipcjax.newton.CandidateStats`
     (what a capacity overflow needed) and the number of friction stencils at x₀ on a
-    closest-feature boundary (:func:`ipcjax.potential.friction_kinks`). A backward solve
+    closest-feature boundary (:func:`ipcjax.stencils.friction_kinks`). A backward solve
     that fails (a singular Hessian, CG short of its tolerance) raises
     :class:`BackwardFailed` instead of a NaN gradient.
 
@@ -274,7 +275,7 @@ class Rollout:
     values when ``round_fp32``) and codes (T,) int32, all zero: a rollout never returns a
     failed step. With ``report=True`` a fourth output, kinks (T,) int32, counts per step the
     friction-loaded stencils whose start sits on a closest-feature boundary or whose edges
-    are parallel (:func:`ipcjax.potential.friction_kinks`); where it is non-zero the
+    are parallel (:func:`ipcjax.stencils.friction_kinks`); where it is non-zero the
     trajectory is not differentiable in x₀, and a :class:`NonDifferentiableWarning` says so
     whether or not the counts are returned.
 

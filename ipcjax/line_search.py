@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from ipcjax import ccd as _ccd
 from ipcjax.model import Config
-from ipcjax.potential import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
 from ipcjax.problem import StepProblem
+from ipcjax.stencils import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
 
 #: Stencils re-bounded by conservative advancement per Newton iteration (the smallest
 #: single bounds); the rest keep their single bound.
@@ -83,7 +83,7 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
     ``ADVANCE_STENCILS`` smallest are then re-bounded by conservative advancement
     (:func:`ipcjax.ccd.stencil_advance`, up to ``config.ccd_passes`` passes), and the
     result is the minimum of those and the next-smallest single bound. ``geometry``: the
-    stencils at x (:func:`ipcjax.potential.stencil_geometry`) when the caller has them.
+    stencils at x (:func:`ipcjax.stencils.stencil_geometry`) when the caller has them.
     """
     config = problem.config
     if geometry is None:

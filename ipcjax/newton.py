@@ -56,11 +56,10 @@ from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contact
                                 reach_contacts, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
-from ipcjax.potential import (
-    ContactSet, contact_gaps, gradient_and_blocks, incremental_potential, stencil_geometry,
-)
+from ipcjax.potential import gradient_and_blocks, incremental_potential
 from ipcjax.problem import StepProblem
 from ipcjax.result import StepCode, set_code
+from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry
 
 
 class CandidateStats(NamedTuple):
@@ -139,7 +138,7 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
 
     ``contacts`` must have been queried at x_init with ``skin=config.skin``; ``capacity``
     (static) sizes the candidate queries and the active rows. ``gaps``: the contact rows'
-    gaps at x_init (:func:`~ipcjax.potential.contact_gaps`), when the caller has them.
+    gaps at x_init (:func:`~ipcjax.stencils.contact_gaps`), when the caller has them.
     """
     model, config = problem.model, problem.config
     F = model.n_free

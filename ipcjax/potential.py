@@ -3,21 +3,26 @@
 Φ(x) = Σ mᵢ‖xᵢ − yᵢ‖²/(2dt²) + E_membrane + E_bending + E_barrier + E_friction
        + E_support + E_tie                                                  (J)
 
+Each term is declared once, as an :class:`EnergyTerm` with its value and its elements
+(hand-derived element gradients and Hessian blocks), and :data:`TERMS` lists them in the
+order Φ sums them. :func:`incremental_potential` (the value: autodiff, the line search,
+the implicit VJP), :func:`gradient_and_blocks` (the Newton solve's assembly) and the
+rest-state derivative (:mod:`fitting.rest_derivative`) all iterate over that list, so a
+new term is one new class here and one entry in it.
+
 Every function takes ``(x, problem, contacts)``: the positions, the step's
 :class:`~ipcjax.problem.StepProblem` (model, params, controls, step context, config) and
-the barrier stencils (:class:`ContactSet`). Every term is a small pure function of a few
-particles' positions (``ipcjax.energies``), lifted to the mesh with ``vmap`` over static
-index arrays; the membrane and bending terms come from the model objects ``config`` names
-(:class:`~ipcjax.energies.membrane.MembraneModel`,
-:class:`~ipcjax.energies.bending.BendingModel`). :func:`incremental_potential` is the
-value (differentiable by autodiff, used by the line search and the implicit VJP);
-:func:`gradient_and_blocks` computes the hand-derived element gradients and, by its
-:class:`~ipcjax.energies.PSDProjection`, the exact or the positive-semidefinite element
-Hessians over the free degrees of freedom (fixed particles are eliminated, which is
-equivalent to the specification's zeroed row/column with a unit diagonal and zero
-right-hand side, docs/spec.md §2). The Hessian stays a stack of element blocks
-(:class:`HessianBlocks`): :func:`dense_hessian` scatters them into the dense matrix,
-:func:`hessian_matvec` applies them matrix-free; the linear solvers
+the barrier stencils (:class:`~ipcjax.stencils.ContactSet`). Every term is a small pure
+function of a few particles' positions (``ipcjax.energies``), lifted to the mesh with
+``vmap`` over static index arrays; the membrane and bending terms come from the model
+objects ``config`` names (:class:`~ipcjax.energies.membrane.MembraneModel`,
+:class:`~ipcjax.energies.bending.BendingModel`). By its
+:class:`~ipcjax.energies.PSDProjection`, :func:`gradient_and_blocks` takes the exact or the
+positive-semidefinite element Hessians over the free degrees of freedom (fixed particles
+are eliminated, which is equivalent to the specification's zeroed row/column with a unit
+diagonal and zero right-hand side, docs/spec.md §2). The Hessian stays a stack of element
+blocks (:class:`HessianBlocks`): :func:`dense_hessian` scatters them into the dense
+matrix, :func:`hessian_matvec` applies them matrix-free; the linear solvers
 (:mod:`ipcjax.linear_solvers`) take them from there.
 """
 from __future__ import annotations
@@ -28,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import distance as _dist
-from ipcjax.candidates import ContactKind
 from ipcjax.energies import barrier as _bar
 from ipcjax.energies import bending as _bend
 from ipcjax.energies import constraints as _con
@@ -36,193 +40,17 @@ from ipcjax.energies import friction as _fric
 from ipcjax.energies import inertia as _inert
 from ipcjax.energies import membrane as _memb
 from ipcjax.energies import PSDProjection
-from ipcjax.model import Config, Params
-from ipcjax.problem import FrictionSet, StepProblem
+from ipcjax.model import Params
+from ipcjax.problem import StepProblem
+# The contact stencils live in ipcjax.stencils; their names stay importable from here, because
+# benchmarks/ runs one worker script on older commits' trees too (benchmarks/ab_step.py).
+from ipcjax.stencils import (  # noqa: F401
+    ContactSet, StencilGeometry, active_rows, contact_gaps, contact_weights, friction_kinks, friction_set,
+    gather_stencils, stencil_geometry, stencil_offsets, stencil_weights,
+)
 
 
-@jax.tree_util.register_pytree_node_class
-class ContactSet:
-    """Barrier stencils: four particle indices, a :class:`ContactKind`, a validity mask.
-
-    ``blocks`` (static, part of the pytree's structure): the row counts (VT, EE, SF, SS)
-    when the rows come in that block order, as :func:`ipcjax.candidates.stencils` builds
-    them; the closest-point weights are then computed per block with only that kind's
-    formula (:func:`contact_weights`). None: rows of any kind in any order.
-    Unpacks as ``idx, kind, valid``.
-    """
-
-    __slots__ = ("idx", "kind", "valid", "blocks")
-
-    def __init__(self, idx, kind, valid, blocks=None):
-        self.idx = idx      # (M, 4) int32
-        self.kind = kind    # (M,) int8
-        self.valid = valid  # (M,) bool
-        self.blocks = None if blocks is None else tuple(int(b) for b in blocks)
-
-    def __iter__(self):
-        return iter((self.idx, self.kind, self.valid))
-
-    def tree_flatten(self):
-        return (self.idx, self.kind, self.valid), self.blocks
-
-    @classmethod
-    def tree_unflatten(cls, blocks, children):
-        obj = object.__new__(cls)
-        obj.idx, obj.kind, obj.valid = children
-        obj.blocks = blocks
-        return obj
-
-
-# --------------------------------------------------------------------------- contacts
-
-# Padding rows of a contact set gather a harmless, well-separated stencil instead of four
-# copies of particle 0, so that no weight or distance derivative sees a degenerate input.
-_DUMMY_STENCIL = jnp.array([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
-
-
-def gather_stencils(x, contacts: "ContactSet"):
-    """(M, 4, 3) stencil positions; padding rows get a separated dummy stencil (d ≥ 0.7 m)."""
-    X = x[contacts.idx]
-    return jnp.where(contacts.valid[:, None, None], X, _DUMMY_STENCIL.astype(x.dtype))
-
-
-def stencil_weights(X, kind):
-    """Closest-point weights (4,) for one stencil of the given kind (see ContactKind)."""
-    w_pt, _ = _dist.point_triangle_weights(X[0], X[1], X[2], X[3])
-    w_ee, _ = _dist.edge_edge_weights(X[0], X[1], X[2], X[3])
-    w_ss = _dist.sphere_pair_weights().astype(X.dtype)
-    return jnp.where(kind == ContactKind.EE, w_ee, jnp.where(kind == ContactKind.SS, w_ss, w_pt))
-
-
-def contact_weights(X, contacts: ContactSet):
-    """Closest-point weights (M, 4) of every stencil of a contact set at positions X (M, 4, 3).
-
-    With ``contacts.blocks`` each block gets only its own kind's formula (point–triangle
-    for VT and SF, edge–edge for EE, constant for SS) — a third of the work of
-    evaluating every formula on every row and selecting by kind, which is the fallback.
-    """
-    if contacts.blocks is None:
-        return jax.vmap(stencil_weights)(X, contacts.kind)
-    if sum(contacts.blocks) != X.shape[0]:
-        raise ValueError(f"ContactSet blocks {contacts.blocks} sum to {sum(contacts.blocks)} rows; "
-                         f"the stencils have {X.shape[0]}")
-    n_vt, n_ee, n_sf, n_ss = contacts.blocks
-    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    a, b, c = n_vt, n_vt + n_ee, n_vt + n_ee + n_sf
-    ss = jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (n_ss, 4))
-    return jnp.concatenate([pt(X[:a]), ee(X[a:b]), pt(X[b:c]), ss], axis=0)
-
-
-def stencil_offsets(contacts: ContactSet, radius, min_gap):
-    """Offset c subtracted from each stencil's distance (docs/spec.md §4), in m.
-
-    VT and EE: min_gap; sphere centre–face: R + min_gap/2; sphere pair: Rᵢ + Rⱼ.
-    """
-    r0 = radius[contacts.idx[:, 0]]
-    r1 = radius[contacts.idx[:, 1]]
-    return jnp.where(
-        contacts.kind == ContactKind.SF, r0 + 0.5 * min_gap,
-        jnp.where(contacts.kind == ContactKind.SS, r0 + r1, min_gap),
-    )
-
-
-class StencilGeometry(NamedTuple):
-    """A contact set's stencils at one configuration: what the gradient and the step bound share."""
-
-    X: jnp.ndarray    # (M, 4, 3) stencil positions (padding rows: the dummy stencil), m
-    w: jnp.ndarray    # (M, 4) closest-point weights
-    off: jnp.ndarray  # (M,) offsets c of :func:`stencil_offsets`, m
-
-
-def stencil_geometry(x, contacts: ContactSet, radius, min_gap) -> StencilGeometry:
-    """Positions, closest-point weights and offsets of every stencil at x.
-
-    The weights (a branch choice per stencil) are the costly part of the contact terms;
-    the Newton solve computes them once per iterate and hands them to both
-    :func:`gradient_and_blocks` and the step bound.
-    """
-    X = gather_stencils(x, contacts)
-    return StencilGeometry(X, contact_weights(X, contacts), stencil_offsets(contacts, radius, min_gap))
-
-
-def contact_gaps(x, contacts: ContactSet, radius, min_gap):
-    """Gap g = d − c per stencil (m), with +∞ for padding rows. Also returns (w, n)."""
-    X, w, off = stencil_geometry(x, contacts, radius, min_gap)
-    d, n = jax.vmap(_dist.stencil_distance)(X, w)
-    g = d - off
-    return jnp.where(contacts.valid, g, jnp.inf), w, n
-
-
-def active_rows(mask, size: int):
-    """Compaction of a row mask into ``size`` slots (jittable).
-
-    Returns (rows (size,) int32: the first ``size`` rows where mask is True, in order, the
-    unused slots pointing at row 0; taken (size,) bool: which slots hold a row; count: the
-    number of True rows, also when it is above ``size`` — the caller must treat that as an
-    overflow, since the rows past ``size`` are not in the compacted set).
-    """
-    count = jnp.sum(mask, dtype=jnp.int32)
-    rows = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
-    return rows, jnp.arange(size) < count, count
-
-
-def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
-                 active: int | None = None) -> FrictionSet:
-    """Freeze friction data at step start: contacts with 0 < g₀ < d̂ get load μf·(−B′(g₀)).
-
-    ``active``: keep only the stencils with a load, in that many rows (``Capacity.active``;
-    ``count`` tells whether they fitted); None keeps every candidate row.
-    """
-    g0, w0, n0 = contact_gaps(x0, contacts, radius, config.min_gap)
-    act = contacts.valid & (g0 < config.dhat)
-    b1 = _bar.barrier_first_derivative(jnp.where(act, g0, 0.5 * config.dhat), config.dhat,
-                                       params.barrier_stiffness)
-    load = jnp.where(act, params.friction * (-b1), 0.0)
-    idx = contacts.idx
-    count = jnp.sum(act, dtype=jnp.int32)
-    if active is not None and active < idx.shape[0]:
-        rows, taken, _ = active_rows(act, active)
-        idx, w0, n0, load = idx[rows], w0[rows], n0[rows], jnp.where(taken, load[rows], 0.0)
-    return FrictionSet(idx=idx, w0=w0, n0=n0, load=load, count=count)
-
-
-#: Relative distance (in units of the element) within which a friction stencil counts as
-#: sitting on a closest-feature boundary, or an edge pair as parallel.
-KINK_MARGIN = 1e-6
-
-
-def _on_feature_boundary(X, kind, margin):
-    """Whether stencil X (4, 3) of ``kind`` lies within ``margin`` of a closest-feature
-    boundary, where its closest points (and the friction basis) jump or kink.
-
-    Point–triangle and sphere–face: a barycentric coordinate of the point's projection
-    within ``margin`` of 0 (the projection on an edge line of the triangle: the boundary of
-    the interior region). Edge–edge: the edges within ``margin`` of parallel (sin² of their
-    angle below margin²), or a line parameter within ``margin`` of 0 or 1 while the other
-    lies on its segment (the boundary between the interior and an end-point branch).
-    """
-    b, _, _, _ = _dist._triangle_barycentric(X[0], X[1], X[2], X[3])
-    pt = jnp.min(jnp.abs(b)) < margin
-    s, t, nn, uu, vv = _dist._line_line_parameters(X[0], X[1], X[2], X[3])
-    parallel = nn <= margin**2 * uu * vv
-    on = lambda a: (a > -margin) & (a < 1 + margin)
-    near_end = lambda a: jnp.minimum(jnp.abs(a), jnp.abs(1 - a)) < margin
-    ee = parallel | (near_end(s) & on(t)) | (near_end(t) & on(s))
-    return jnp.where(kind == ContactKind.EE, ee, jnp.where(kind == ContactKind.SS, False, pt))
-
-
-def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
-                   margin: float = KINK_MARGIN):
-    """Number of friction-loaded stencils at x₀ on a closest-feature boundary (see
-    :func:`_on_feature_boundary`): there the lagged friction, and so the step's x*, is not
-    differentiable in x₀, and a gradient is one of several one-sided ones."""
-    g0, _, _ = contact_gaps(x0, contacts, radius, config.min_gap)
-    loaded = contacts.valid & (g0 < config.dhat) & (params.friction > 0)
-    X = gather_stencils(x0, contacts)
-    kink = jax.vmap(lambda x, k: _on_feature_boundary(x, k, margin))(X, contacts.kind)
-    return jnp.sum(loaded & kink, dtype=jnp.int32)
-
+# --------------------------------------------------------------------------- barrier
 
 def _barrier_terms(x, contacts, radius, params, config):
     X, w, off = stencil_geometry(x, contacts, radius, config.min_gap)
@@ -242,45 +70,13 @@ def membrane_coefficients(params: Params):
 MEMBRANE_AXES = (0, 0, 0, None, None)
 
 
-# --------------------------------------------------------------------------- value
-
-def potential_terms(x, problem: StepProblem, contacts: ContactSet) -> dict:
-    """Each term of Φ at x (J), as a dict; :func:`incremental_potential` sums them."""
-    model, params, controls, ctx, config = problem
-    mu, lam = membrane_coefficients(params)
-    Xt = x[model.film_triangles]
-    memb = _memb.membrane_model(config.membrane)
-    e_memb = jnp.sum(jax.vmap(memb.energy, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam))
-    bend = _bend.bending_model(config.bending)
-    kb = bend.stiffness(params, model)
-    Xh = x[model.hinges]
-    e_bend = jnp.sum(jax.vmap(bend.energy)(Xh, model.theta0, kb))
-    free = ~model.fixed
-    e_inert = _inert.inertia_energy(x, ctx.y, model.mass, free, ctx.dt)
-    e_bar = jnp.sum(_barrier_terms(x, contacts, model.radius, params, config))
-    fs = ctx.friction
-    eps = _fric.friction_eps(ctx.dt)
-    e_fric = jnp.sum(jax.vmap(lambda *a: _fric.friction_energy(*a, eps=eps))(
-        x[fs.idx], ctx.x0[fs.idx], fs.w0, fs.n0, fs.load))
-    e_sup = jnp.sum(jax.vmap(_con.support_energy)(x[controls.support_index], controls.support_target, controls.support_k))
-    ti, tj = controls.tie_pairs[:, 0], controls.tie_pairs[:, 1]
-    e_tie = jnp.sum(jax.vmap(_con.tie_energy)(x[ti], x[tj], controls.tie_length, controls.tie_k))
-    return dict(inertia=e_inert, membrane=e_memb, bending=e_bend, barrier=e_bar,
-                friction=e_fric, support=e_sup, tie=e_tie)
-
-
-def incremental_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.ndarray:
-    """Φ(x) in J; +∞ where any gap is ≤ 0 (outside the feasible set)."""
-    return sum(potential_terms(x, problem, contacts).values())
-
-
 # --------------------------------------------------------------------------- assembly
 
 class HessianBlocks(NamedTuple):
     """The solver Hessian over the free DOFs as stacked element blocks, never as a matrix.
 
     H = diag(diag) + Σ_groups Σ_e P_eᵀ B_e P_e, where P_e picks element e's 3k free DOFs
-    ``rows[e]``. Groups, in assembly order: membrane (k = 3), bending (4), barrier (4),
+    ``rows[e]``. Groups, in assembly order (:data:`TERMS`): membrane (k = 3), bending (4), barrier (4),
     friction (4), supports (1), ties (2); the inertia m/dt² is the diagonal. Rows of fixed
     particles are ≥ 3F (slot F): their entries fall outside every (3F,) array and are
     dropped on scatter and read as zero on gather, which eliminates the fixed DOFs.
@@ -306,9 +102,235 @@ def _barrier_stencil_exact_hessian(X, kind, offset, dhat, k):
     return jax.hessian(e)(X).reshape(12, 12)
 
 
+# --------------------------------------------------------------------------- the terms
+
+class Elements(NamedTuple):
+    """One term's elements at x: each element's particles, its gradient and Hessian block.
+
+    ``n_active`` is the number of contact rows the term needed (None: not a contact term,
+    see :class:`HessianBlocks`)."""
+
+    idx: jnp.ndarray        # (E, k) int32 particle indices
+    grad: jnp.ndarray       # (E, k, 3) N
+    hessian: jnp.ndarray    # (E, 3k, 3k) N/m
+    n_active: jnp.ndarray | None = None
+
+
+class Diagonal(NamedTuple):
+    """A term whose Hessian is diagonal (the inertia): gradient and diagonal over the free DOFs."""
+
+    grad: jnp.ndarray       # (3F,) N
+    diag: jnp.ndarray       # (3F,) N/m
+
+
+class Assembly(NamedTuple):
+    """How :func:`gradient_and_blocks` asks the terms for their elements."""
+
+    exact: bool                          # the exact element Hessians, not the PSD-projected ones
+    geometry: StencilGeometry | None     # the contact stencils at x, when the caller has them
+    active: int | None                   # compact the barrier into this many rows inside d̂
+
+
+class EnergyTerm:
+    """One term of Φ, declared once: its value and its elements (gradient, Hessian blocks).
+
+    :data:`TERMS` lists them in the order in which Φ sums them and in which
+    :func:`gradient_and_blocks` assembles them; :func:`incremental_potential`,
+    :func:`gradient_and_blocks` and the rest-state derivative
+    (:mod:`fitting.rest_derivative`) all iterate over that one list."""
+
+    name: str = ""
+    #: the inertia term: not part of V + D, the potential a rest state balances
+    inertial: bool = False
+
+    def value(self, x, problem: StepProblem, contacts: ContactSet):
+        """The term's energy at x, J."""
+        raise NotImplementedError
+
+    def elements(self, x, problem: StepProblem, contacts: ContactSet, how: Assembly) -> Elements | Diagonal:
+        """The term's hand-derived element gradients and Hessian blocks at x."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<energy term {self.name}>"
+
+
+class Inertia(EnergyTerm):
+    """Σ mᵢ‖xᵢ − yᵢ‖²/(2dt²) over the free particles; Hessian m/dt² on the diagonal."""
+
+    name, inertial = "inertia", True
+
+    def value(self, x, problem, contacts):
+        model, ctx = problem.model, problem.context
+        return _inert.inertia_energy(x, ctx.y, model.mass, ~model.fixed, ctx.dt)
+
+    def elements(self, x, problem, contacts, how):
+        model, ctx = problem.model, problem.context
+        free = ~model.fixed
+        gi = _inert.inertia_gradient(x, ctx.y, model.mass, free, ctx.dt)[model.free_particles]
+        diag = jnp.repeat(_inert.inertia_hessian_diagonal(model.mass, free, ctx.dt)[model.free_particles], 3)
+        return Diagonal(gi.reshape(-1), diag)
+
+
+class Membrane(EnergyTerm):
+    """The film's membrane energy, by the model ``config.membrane`` names."""
+
+    name = "membrane"
+
+    def value(self, x, problem, contacts):
+        model, params, config = problem.model, problem.params, problem.config
+        mu, lam = membrane_coefficients(params)
+        memb = _memb.membrane_model(config.membrane)
+        return jnp.sum(jax.vmap(memb.energy, in_axes=MEMBRANE_AXES)(x[model.film_triangles], model.dm_inv,
+                                                                    model.rest_area, mu, lam))
+
+    def elements(self, x, problem, contacts, how):
+        model, params, config = problem.model, problem.params, problem.config
+        mu, lam = membrane_coefficients(params)
+        Xt = x[model.film_triangles]
+        memb = _memb.membrane_model(config.membrane)
+        projection = PSDProjection.NONE if how.exact else PSDProjection.PER_ELEMENT
+        g_el = jax.vmap(memb.gradient, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam)
+        H_el = jax.vmap(memb.element_hessian(projection), in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area,
+                                                                                mu, lam)
+        return Elements(model.film_triangles, g_el, H_el)
+
+
+class Bending(EnergyTerm):
+    """The film's bending energy over its hinges, by the model ``config.bending`` names."""
+
+    name = "bending"
+
+    def value(self, x, problem, contacts):
+        model, params, config = problem.model, problem.params, problem.config
+        bend = _bend.bending_model(config.bending)
+        kb = bend.stiffness(params, model)
+        return jnp.sum(jax.vmap(bend.energy)(x[model.hinges], model.theta0, kb))
+
+    def elements(self, x, problem, contacts, how):
+        model, params, config = problem.model, problem.params, problem.config
+        bend = _bend.bending_model(config.bending)
+        kb = bend.stiffness(params, model)
+        Xh = x[model.hinges]
+        projection = PSDProjection.NONE if how.exact else PSDProjection.PER_ELEMENT
+        g_el = jax.vmap(bend.gradient)(Xh, model.theta0, kb)
+        H_el = jax.vmap(bend.element_hessian(projection))(Xh, model.theta0, kb)
+        return Elements(model.hinges, g_el.reshape(-1, 4, 3), H_el)
+
+
+class Barrier(EnergyTerm):
+    """The log barrier over the contact stencils (vertex–triangle, edge–edge, sphere–face,
+    sphere–sphere). Its elements: with ``how.active`` only the stencils inside d̂,
+    compacted into that many rows (every other row adds exactly zero)."""
+
+    name = "barrier"
+
+    def value(self, x, problem, contacts):
+        return jnp.sum(_barrier_terms(x, contacts, problem.model.radius, problem.params, problem.config))
+
+    def elements(self, x, problem, contacts, how):
+        model, params, config = problem.model, problem.params, problem.config
+        geometry = how.geometry
+        if geometry is None:
+            geometry = stencil_geometry(x, contacts, model.radius, config.min_gap)
+        X, w, off = geometry
+        idx, kind, valid = contacts
+        n_bar = None
+        if how.active is not None and how.active < idx.shape[0]:
+            d, _ = jax.vmap(_dist.stencil_distance)(X, w)
+            rows_a, valid, n_bar = active_rows(valid & (d - off < config.dhat), how.active)
+            X, w, off, idx, kind = X[rows_a], w[rows_a], off[rows_a], idx[rows_a], kind[rows_a]
+        kk = params.barrier_stiffness
+        g_el = jax.vmap(_bar.stencil_barrier_gradient, in_axes=(0, 0, 0, None, None))(X, w, off, config.dhat, kk)
+        if how.exact:
+            H_el = jax.vmap(_barrier_stencil_exact_hessian, in_axes=(0, 0, 0, None, None))(
+                X, kind, off, config.dhat, kk)
+        else:
+            H_el = jax.vmap(_bar.stencil_barrier_hessian_psd, in_axes=(0, 0, 0, None, None))(
+                X, w, off, config.dhat, kk)
+        g_el = jnp.where(valid[:, None, None], g_el, 0.0)
+        H_el = jnp.where(valid[:, None, None], H_el, 0.0)
+        return Elements(idx, g_el, H_el, n_bar)
+
+
+class Friction(EnergyTerm):
+    """Lagged friction over the step start's friction set (:class:`~ipcjax.problem.FrictionSet`)."""
+
+    name = "friction"
+
+    def value(self, x, problem, contacts):
+        ctx = problem.context
+        fs = ctx.friction
+        eps = _fric.friction_eps(ctx.dt)
+        return jnp.sum(jax.vmap(lambda *a: _fric.friction_energy(*a, eps=eps))(
+            x[fs.idx], ctx.x0[fs.idx], fs.w0, fs.n0, fs.load))
+
+    def elements(self, x, problem, contacts, how):
+        ctx = problem.context
+        fs = ctx.friction
+        eps = _fric.friction_eps(ctx.dt)
+        X, X0 = x[fs.idx], ctx.x0[fs.idx]
+        g_el = jax.vmap(lambda *a: _fric.friction_gradient(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
+        H_el = jax.vmap(lambda *a: _fric.friction_hessian(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
+        return Elements(fs.idx, g_el, H_el, fs.count)
+
+
+class Support(EnergyTerm):
+    """Springs that hold single particles at their targets (``controls.support_*``)."""
+
+    name = "support"
+
+    def value(self, x, problem, contacts):
+        c = problem.controls
+        return jnp.sum(jax.vmap(_con.support_energy)(x[c.support_index], c.support_target, c.support_k))
+
+    def elements(self, x, problem, contacts, how):
+        c = problem.controls
+        si = c.support_index
+        g_el = jax.vmap(_con.support_gradient)(x[si], c.support_target, c.support_k)
+        H_el = jax.vmap(_con.support_hessian)(x[si], c.support_target, c.support_k)
+        return Elements(si[:, None], g_el[:, None, :], H_el)
+
+
+class Tie(EnergyTerm):
+    """Springs between particle pairs at a rest length (``controls.tie_*``)."""
+
+    name = "tie"
+
+    def value(self, x, problem, contacts):
+        c = problem.controls
+        ti, tj = c.tie_pairs[:, 0], c.tie_pairs[:, 1]
+        return jnp.sum(jax.vmap(_con.tie_energy)(x[ti], x[tj], c.tie_length, c.tie_k))
+
+    def elements(self, x, problem, contacts, how):
+        c = problem.controls
+        tp = c.tie_pairs
+        g_el = jax.vmap(_con.tie_gradient)(x[tp[:, 0]], x[tp[:, 1]], c.tie_length, c.tie_k)
+        H_el = jax.vmap(_con.tie_hessian if how.exact else _con.tie_hessian_psd)(
+            x[tp[:, 0]], x[tp[:, 1]], c.tie_length, c.tie_k)
+        return Elements(tp, g_el, H_el)
+
+
+#: The terms of Φ, each declared once, in the order Φ sums them and the assembly adds them.
+TERMS: tuple[EnergyTerm, ...] = (Inertia(), Membrane(), Bending(), Barrier(), Friction(), Support(), Tie())
+
+
+# --------------------------------------------------------------------------- value
+
+def potential_terms(x, problem: StepProblem, contacts: ContactSet) -> dict:
+    """Each term of Φ at x (J), by name in :data:`TERMS`' order; :func:`incremental_potential` sums them."""
+    return {term.name: term.value(x, problem, contacts) for term in TERMS}
+
+
+def incremental_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.ndarray:
+    """Φ(x) in J; +∞ where any gap is ≤ 0 (outside the feasible set)."""
+    return sum(potential_terms(x, problem, contacts).values())
+
+
 def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
                         projection: PSDProjection = PSDProjection.PER_ELEMENT,
-                        geometry: StencilGeometry | None = None, active: int | None = None):
+                        geometry: StencilGeometry | None = None, active: int | None = None,
+                        terms: tuple[EnergyTerm, ...] = TERMS):
     """∇Φ (3F,) over the free DOFs and the Hessian as :class:`HessianBlocks`, FP64.
 
     Element gradients are the hand-derived ones. With ``projection=PER_ELEMENT`` (the
@@ -326,86 +348,26 @@ def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
     d̂, compacted into that many rows — every other candidate row adds exactly zero to
     ∇Φ and H. ``n_active`` of the result is the larger of that count and the friction
     set's; above ``active`` the blocks miss rows and the caller must not use them.
+
+    The terms' elements come from ``terms`` (default :data:`TERMS`, all of Φ), one group of
+    blocks per term, in its order; a subset of them assembles that part of Φ alone (its
+    ``diag`` zero without the inertia, its ``n_active`` None without a contact term).
     """
-    model, params, controls, ctx, config = problem
-    exact = PSDProjection(projection) is PSDProjection.NONE
-    F = model.n_free
+    how = Assembly(PSDProjection(projection) is PSDProjection.NONE, geometry, active)
+    F = problem.model.n_free
     g = jnp.zeros(3 * F, x.dtype)
-    slot = model.free_slot
-    rows, blocks = [], []
-
-    def add(g, idx, g_loc, H_loc):
-        r = _dof_rows(idx, slot)
+    diag, rows, blocks, n_active = jnp.zeros(3 * F, x.dtype), [], [], None
+    for term in terms:
+        el = term.elements(x, problem, contacts, how)
+        if isinstance(el, Diagonal):
+            g, diag = g + el.grad, el.diag
+            continue
+        r = _dof_rows(el.idx, problem.model.free_slot)
         rows.append(r)
-        blocks.append(H_loc)
-        return g.at[r.reshape(-1)].add(g_loc.reshape(-1), mode="drop")
-
-    # inertia: diagonal
-    free = ~model.fixed
-    gi = _inert.inertia_gradient(x, ctx.y, model.mass, free, ctx.dt)[model.free_particles]
-    g = g + gi.reshape(-1)
-    diag = jnp.repeat(_inert.inertia_hessian_diagonal(model.mass, free, ctx.dt)[model.free_particles], 3)
-
-    # membrane
-    mu, lam = membrane_coefficients(params)
-    Xt = x[model.film_triangles]
-    memb = _memb.membrane_model(config.membrane)
-    g_el = jax.vmap(memb.gradient, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam)
-    H_el = jax.vmap(memb.element_hessian(projection), in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area,
-                                                                            mu, lam)
-    g = add(g, model.film_triangles, g_el, H_el)
-
-    # bending
-    bend = _bend.bending_model(config.bending)
-    kb = bend.stiffness(params, model)
-    Xh = x[model.hinges]
-    g_el = jax.vmap(bend.gradient)(Xh, model.theta0, kb)
-    H_el = jax.vmap(bend.element_hessian(projection))(Xh, model.theta0, kb)
-    g = add(g, model.hinges, g_el.reshape(-1, 4, 3), H_el)
-
-    # barrier
-    if geometry is None:
-        geometry = stencil_geometry(x, contacts, model.radius, config.min_gap)
-    X, w, off = geometry
-    idx, kind, valid = contacts
-    n_active = ctx.friction.count
-    if active is not None and active < idx.shape[0]:
-        d, _ = jax.vmap(_dist.stencil_distance)(X, w)
-        rows_a, valid, n_bar = active_rows(valid & (d - off < config.dhat), active)
-        X, w, off, idx, kind = X[rows_a], w[rows_a], off[rows_a], idx[rows_a], kind[rows_a]
-        n_active = jnp.maximum(n_active, n_bar)
-    kk = params.barrier_stiffness
-    g_el = jax.vmap(_bar.stencil_barrier_gradient, in_axes=(0, 0, 0, None, None))(X, w, off, config.dhat, kk)
-    if exact:
-        H_el = jax.vmap(_barrier_stencil_exact_hessian, in_axes=(0, 0, 0, None, None))(
-            X, kind, off, config.dhat, kk)
-    else:
-        H_el = jax.vmap(_bar.stencil_barrier_hessian_psd, in_axes=(0, 0, 0, None, None))(
-            X, w, off, config.dhat, kk)
-    g_el = jnp.where(valid[:, None, None], g_el, 0.0)
-    H_el = jnp.where(valid[:, None, None], H_el, 0.0)
-    g = add(g, idx, g_el, H_el)
-
-    # friction
-    fs = ctx.friction
-    eps = _fric.friction_eps(ctx.dt)
-    X, X0 = x[fs.idx], ctx.x0[fs.idx]
-    g_el = jax.vmap(lambda *a: _fric.friction_gradient(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
-    H_el = jax.vmap(lambda *a: _fric.friction_hessian(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
-    g = add(g, fs.idx, g_el, H_el)
-
-    # supports
-    si = controls.support_index
-    g_el = jax.vmap(_con.support_gradient)(x[si], controls.support_target, controls.support_k)
-    H_el = jax.vmap(_con.support_hessian)(x[si], controls.support_target, controls.support_k)
-    g = add(g, si[:, None], g_el[:, None, :], H_el)
-
-    # ties
-    tp = controls.tie_pairs
-    g_el = jax.vmap(_con.tie_gradient)(x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
-    H_el = jax.vmap(_con.tie_hessian if exact else _con.tie_hessian_psd)(
-        x[tp[:, 0]], x[tp[:, 1]], controls.tie_length, controls.tie_k)
-    g = add(g, tp, g_el, H_el)
+        blocks.append(el.hessian)
+        g = g.at[r.reshape(-1)].add(el.grad.reshape(-1), mode="drop")
+        if el.n_active is not None:
+            n_active = el.n_active if n_active is None else jnp.maximum(n_active, el.n_active)
     return g, HessianBlocks(diag, tuple(rows), tuple(blocks), n_active)
 
 

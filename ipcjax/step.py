@@ -27,9 +27,9 @@ from ipcjax import compile_guard
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State, check_controls, check_dt, check_params
 from ipcjax.newton import active_size, newton_solve, query_contacts
-from ipcjax.potential import contact_gaps, friction_set
 from ipcjax.problem import StepContext, StepInputs, StepProblem
 from ipcjax.result import RETRYABLE, StepCode, set_code
+from ipcjax.stencils import contact_gaps, friction_set
 
 
 class StepInfo(NamedTuple):
@@ -56,7 +56,7 @@ def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
     Its context holds the inertial target (with the film drag −drag·m·v₀ as an external
     force) and the lagged friction set frozen at x₀ over the step-start contacts
     ``contacts0`` (compacted into ``active`` rows when that is given, see
-    :func:`ipcjax.potential.friction_set`).
+    :func:`ipcjax.stencils.friction_set`).
     """
     params, x0, v0, controls, dt = inputs
     free = ~model.fixed

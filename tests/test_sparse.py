@@ -18,11 +18,11 @@ from ipcjax.result import LinearStatus
 from ipcjax.model import Config, Controls, Params
 from ipcjax.newton import query_contacts
 from ipcjax.potential import (
-    ContactSet, contact_gaps, contact_weights, dense_hessian, friction_set, gather_stencils, gradient_and_blocks,
-    hessian_block_diagonal, hessian_matvec, incremental_potential,
+    dense_hessian, gradient_and_blocks, hessian_block_diagonal, hessian_matvec, incremental_potential,
 )
 from ipcjax.problem import StepContext, StepProblem
 from ipcjax.result import StepCode
+from ipcjax.stencils import ContactSet, contact_gaps, contact_weights, friction_set, gather_stencils
 from ipcjax.step import advance, make_state, simulate, step
 from scenes.film import drape_scene, vertex_triangle_scene
 from tests.helpers import assert_nonzero, rel_err

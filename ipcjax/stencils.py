@@ -1,0 +1,206 @@
+"""Contact stencils and their geometry: the barrier's rows, their closest points and gaps,
+and the friction set frozen at a step's start.
+
+A :class:`ContactSet` holds the rows the candidate query (:mod:`ipcjax.candidates`) found:
+four particle indices, a :class:`~ipcjax.candidates.ContactKind` and a validity mask per
+row. :func:`stencil_geometry` gathers each row's positions with its closest-point weights
+and gap offset, :func:`contact_gaps` its gap, :func:`friction_set` the lagged friction
+data (docs/spec.md §4), :func:`friction_kinks` the friction stencils where the step is not
+differentiable in x₀. The energy terms over these rows are in :mod:`ipcjax.potential`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ipcjax import distance as _dist
+from ipcjax.candidates import ContactKind
+from ipcjax.energies import barrier as _bar
+from ipcjax.model import Config, Params
+from ipcjax.problem import FrictionSet
+
+
+@jax.tree_util.register_pytree_node_class
+class ContactSet:
+    """Barrier stencils: four particle indices, a :class:`ContactKind`, a validity mask.
+
+    ``blocks`` (static, part of the pytree's structure): the row counts (VT, EE, SF, SS)
+    when the rows come in that block order, as :func:`ipcjax.candidates.stencils` builds
+    them; the closest-point weights are then computed per block with only that kind's
+    formula (:func:`contact_weights`). None: rows of any kind in any order.
+    Unpacks as ``idx, kind, valid``.
+    """
+
+    __slots__ = ("idx", "kind", "valid", "blocks")
+
+    def __init__(self, idx, kind, valid, blocks=None):
+        self.idx = idx      # (M, 4) int32
+        self.kind = kind    # (M,) int8
+        self.valid = valid  # (M,) bool
+        self.blocks = None if blocks is None else tuple(int(b) for b in blocks)
+
+    def __iter__(self):
+        return iter((self.idx, self.kind, self.valid))
+
+    def tree_flatten(self):
+        return (self.idx, self.kind, self.valid), self.blocks
+
+    @classmethod
+    def tree_unflatten(cls, blocks, children):
+        obj = object.__new__(cls)
+        obj.idx, obj.kind, obj.valid = children
+        obj.blocks = blocks
+        return obj
+
+
+# --------------------------------------------------------------------------- contacts
+
+# Padding rows of a contact set gather a harmless, well-separated stencil instead of four
+# copies of particle 0, so that no weight or distance derivative sees a degenerate input.
+_DUMMY_STENCIL = jnp.array([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+
+
+def gather_stencils(x, contacts: "ContactSet"):
+    """(M, 4, 3) stencil positions; padding rows get a separated dummy stencil (d ≥ 0.7 m)."""
+    X = x[contacts.idx]
+    return jnp.where(contacts.valid[:, None, None], X, _DUMMY_STENCIL.astype(x.dtype))
+
+
+def stencil_weights(X, kind):
+    """Closest-point weights (4,) for one stencil of the given kind (see ContactKind)."""
+    w_pt, _ = _dist.point_triangle_weights(X[0], X[1], X[2], X[3])
+    w_ee, _ = _dist.edge_edge_weights(X[0], X[1], X[2], X[3])
+    w_ss = _dist.sphere_pair_weights().astype(X.dtype)
+    return jnp.where(kind == ContactKind.EE, w_ee, jnp.where(kind == ContactKind.SS, w_ss, w_pt))
+
+
+def contact_weights(X, contacts: ContactSet):
+    """Closest-point weights (M, 4) of every stencil of a contact set at positions X (M, 4, 3).
+
+    With ``contacts.blocks`` each block gets only its own kind's formula (point–triangle
+    for VT and SF, edge–edge for EE, constant for SS) — a third of the work of
+    evaluating every formula on every row and selecting by kind, which is the fallback.
+    """
+    if contacts.blocks is None:
+        return jax.vmap(stencil_weights)(X, contacts.kind)
+    if sum(contacts.blocks) != X.shape[0]:
+        raise ValueError(f"ContactSet blocks {contacts.blocks} sum to {sum(contacts.blocks)} rows; "
+                         f"the stencils have {X.shape[0]}")
+    n_vt, n_ee, n_sf, n_ss = contacts.blocks
+    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    a, b, c = n_vt, n_vt + n_ee, n_vt + n_ee + n_sf
+    ss = jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (n_ss, 4))
+    return jnp.concatenate([pt(X[:a]), ee(X[a:b]), pt(X[b:c]), ss], axis=0)
+
+
+def stencil_offsets(contacts: ContactSet, radius, min_gap):
+    """Offset c subtracted from each stencil's distance (docs/spec.md §4), in m.
+
+    VT and EE: min_gap; sphere centre–face: R + min_gap/2; sphere pair: Rᵢ + Rⱼ.
+    """
+    r0 = radius[contacts.idx[:, 0]]
+    r1 = radius[contacts.idx[:, 1]]
+    return jnp.where(
+        contacts.kind == ContactKind.SF, r0 + 0.5 * min_gap,
+        jnp.where(contacts.kind == ContactKind.SS, r0 + r1, min_gap),
+    )
+
+
+class StencilGeometry(NamedTuple):
+    """A contact set's stencils at one configuration: what the gradient and the step bound share."""
+
+    X: jnp.ndarray    # (M, 4, 3) stencil positions (padding rows: the dummy stencil), m
+    w: jnp.ndarray    # (M, 4) closest-point weights
+    off: jnp.ndarray  # (M,) offsets c of :func:`stencil_offsets`, m
+
+
+def stencil_geometry(x, contacts: ContactSet, radius, min_gap) -> StencilGeometry:
+    """Positions, closest-point weights and offsets of every stencil at x.
+
+    The weights (a branch choice per stencil) are the costly part of the contact terms;
+    the Newton solve computes them once per iterate and hands them to both
+    :func:`gradient_and_blocks` and the step bound.
+    """
+    X = gather_stencils(x, contacts)
+    return StencilGeometry(X, contact_weights(X, contacts), stencil_offsets(contacts, radius, min_gap))
+
+
+def contact_gaps(x, contacts: ContactSet, radius, min_gap):
+    """Gap g = d − c per stencil (m), with +∞ for padding rows. Also returns (w, n)."""
+    X, w, off = stencil_geometry(x, contacts, radius, min_gap)
+    d, n = jax.vmap(_dist.stencil_distance)(X, w)
+    g = d - off
+    return jnp.where(contacts.valid, g, jnp.inf), w, n
+
+
+def active_rows(mask, size: int):
+    """Compaction of a row mask into ``size`` slots (jittable).
+
+    Returns (rows (size,) int32: the first ``size`` rows where mask is True, in order, the
+    unused slots pointing at row 0; taken (size,) bool: which slots hold a row; count: the
+    number of True rows, also when it is above ``size`` — the caller must treat that as an
+    overflow, since the rows past ``size`` are not in the compacted set).
+    """
+    count = jnp.sum(mask, dtype=jnp.int32)
+    rows = jnp.nonzero(mask, size=size, fill_value=0)[0].astype(jnp.int32)
+    return rows, jnp.arange(size) < count, count
+
+
+def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
+                 active: int | None = None) -> FrictionSet:
+    """Freeze friction data at step start: contacts with 0 < g₀ < d̂ get load μf·(−B′(g₀)).
+
+    ``active``: keep only the stencils with a load, in that many rows (``Capacity.active``;
+    ``count`` tells whether they fitted); None keeps every candidate row.
+    """
+    g0, w0, n0 = contact_gaps(x0, contacts, radius, config.min_gap)
+    act = contacts.valid & (g0 < config.dhat)
+    b1 = _bar.barrier_first_derivative(jnp.where(act, g0, 0.5 * config.dhat), config.dhat,
+                                       params.barrier_stiffness)
+    load = jnp.where(act, params.friction * (-b1), 0.0)
+    idx = contacts.idx
+    count = jnp.sum(act, dtype=jnp.int32)
+    if active is not None and active < idx.shape[0]:
+        rows, taken, _ = active_rows(act, active)
+        idx, w0, n0, load = idx[rows], w0[rows], n0[rows], jnp.where(taken, load[rows], 0.0)
+    return FrictionSet(idx=idx, w0=w0, n0=n0, load=load, count=count)
+
+
+#: Relative distance (in units of the element) within which a friction stencil counts as
+#: sitting on a closest-feature boundary, or an edge pair as parallel.
+KINK_MARGIN = 1e-6
+
+
+def _on_feature_boundary(X, kind, margin):
+    """Whether stencil X (4, 3) of ``kind`` lies within ``margin`` of a closest-feature
+    boundary, where its closest points (and the friction basis) jump or kink.
+
+    Point–triangle and sphere–face: a barycentric coordinate of the point's projection
+    within ``margin`` of 0 (the projection on an edge line of the triangle: the boundary of
+    the interior region). Edge–edge: the edges within ``margin`` of parallel (sin² of their
+    angle below margin²), or a line parameter within ``margin`` of 0 or 1 while the other
+    lies on its segment (the boundary between the interior and an end-point branch).
+    """
+    b, _, _, _ = _dist._triangle_barycentric(X[0], X[1], X[2], X[3])
+    pt = jnp.min(jnp.abs(b)) < margin
+    s, t, nn, uu, vv = _dist._line_line_parameters(X[0], X[1], X[2], X[3])
+    parallel = nn <= margin**2 * uu * vv
+    on = lambda a: (a > -margin) & (a < 1 + margin)
+    near_end = lambda a: jnp.minimum(jnp.abs(a), jnp.abs(1 - a)) < margin
+    ee = parallel | (near_end(s) & on(t)) | (near_end(t) & on(s))
+    return jnp.where(kind == ContactKind.EE, ee, jnp.where(kind == ContactKind.SS, False, pt))
+
+
+def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
+                   margin: float = KINK_MARGIN):
+    """Number of friction-loaded stencils at x₀ on a closest-feature boundary (see
+    :func:`_on_feature_boundary`): there the lagged friction, and so the step's x*, is not
+    differentiable in x₀, and a gradient is one of several one-sided ones."""
+    g0, _, _ = contact_gaps(x0, contacts, radius, config.min_gap)
+    loaded = contacts.valid & (g0 < config.dhat) & (params.friction > 0)
+    X = gather_stencils(x0, contacts)
+    kink = jax.vmap(lambda x, k: _on_feature_boundary(x, k, margin))(X, contacts.kind)
+    return jnp.sum(loaded & kink, dtype=jnp.int32)
