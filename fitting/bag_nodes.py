@@ -87,19 +87,22 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
     t_end = PROTOCOLS[protocol].t_end if until is None else float(until)
     s = _finished(out, params, t_end) if reuse else None
     if s is None:
-        s = run_bag(BagRunOptions(out=out, resume=start, params=params, resolution=resolution, protocol=protocol,
-                                  until=until, save_every=audit_every, mesh_every=0, pictures=False,
-                                  progress=False)).summary
+        res = run_bag(BagRunOptions(out=out, resume=start, params=params, resolution=resolution, protocol=protocol,
+                                    until=until, save_every=audit_every, mesh_every=0, pictures=False,
+                                    progress=False))
+        s, sc, end = res.summary, res.scene, (res.state.x, res.state.v, res.state.t, res.step)
+    else:  # the finished run in ``out``: its end is its state.npz
+        sc = bag_scene(resolution, protocol=protocol, params=params)
+        final = read_bag_state(os.path.join(out, "state.npz"), sc, resolution)
+        end = (final["x"], final["v"], final["t"], final["step"])
     if s["failure"]:
         raise NodeFailed(known, f"the forward run stopped: {s['failure']['reason']} at t = "
                                 f"{s['failure']['time_s']:.4f} s")
     bad = s["audit"]["frames_with_self_intersection"]
     if bad:
         raise NodeFailed(known, f"{bad} audited frames self-intersect")
-    sc = bag_scene(resolution, protocol=protocol, params=params)
-    final = read_bag_state(os.path.join(out, "state.npz"), sc, resolution)
-    x, v = np.asarray(final["x"], np.float64), np.asarray(final["v"], np.float64)
-    t, k = float(final["t"]), int(final["step"])
+    x, v = np.asarray(end[0], np.float64), np.asarray(end[1], np.float64)
+    t, k = float(end[2]), int(end[3])
     sc.choreography.observe(t, x)
     controls = sc.choreography.controls_at(k, t)
     capacity = check_geometry(sc.model, x, sc.config)

@@ -46,16 +46,27 @@ class BagRunOptions:
     progress: bool = True              # progress bar and notes on stderr
 
 
-@dataclass
+@dataclass(frozen=True)
 class BagRunResult:
-    """The summary written to ``out/summary.json``; ``ok`` is False when the run stopped
-    early or a frame self-intersects (``ipcjax bag`` then exits with status 1)."""
+    """What :func:`run_bag` did: the summary written to ``out/summary.json`` and the run's
+    end in memory, so that a caller takes the rest-state derivative (or continues) without
+    reading state.npz back. ``ok`` is False when the run stopped early or a frame
+    self-intersects (``ipcjax bag`` then exits with status 1)."""
 
     summary: dict
+    scene: BagScene        # the scene the run stepped; its choreography holds the run's captures
+    state: object          # ipcjax.model.State at the run's end (what state.npz holds; the
+                           # last accepted step's when the run stopped early)
+    step: int              # the step index of ``state``
 
     @property
     def ok(self) -> bool:
         return not (self.summary["failure"] or self.summary["audit"]["frames_with_self_intersection"])
+
+    @property
+    def measurements(self) -> dict:
+        """Neck widths and flap height at the end, m (``summary["measurements"]``)."""
+        return self.summary["measurements"]
 
 
 def _check(ok: bool, message: str) -> None:
@@ -341,7 +352,7 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
         first_step_compilation_cache=first_step_cache, min_gap_m=float(min_gap), unfold_checked=unfold_checked,
         failure=failure, phases=phases))
     runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
-    return BagRunResult(summary)
+    return BagRunResult(summary, sc, state, step_index)
 
 
 def _first_step_cache(before: dict) -> dict:

@@ -68,7 +68,8 @@ def test_bag_job_records_its_solver_and_first_step(tmp_path):
 def test_bag_run_records_its_protocol_and_parameters(tmp_path):
     """run_bag with the short protocol and another film (2 coarse steps): summary.json and
     state.npz name the protocol, the summary the film's E, μf and kθ scale, from Python
-    (BagRunOptions.params) and from the command line's film flags alike."""
+    (BagRunOptions.params) and from the command line's film flags alike. The result holds
+    the run's end as state.npz does, its scene (at that E) and the measurements."""
     from ipcjax.model import Params
     from scenes.bag_run import BagRunOptions, run_bag
 
@@ -80,6 +81,9 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
     assert s["params"] == dict(youngs_modulus=630e6, friction=0.35, bending_scale=1.0)
     with np.load(out / "state.npz") as st:
         assert str(st["protocol"]) == "short"
+        assert res.step == int(st["step"]) == 2 and float(res.state.t) == float(st["t"])
+        assert np.array_equal(np.asarray(res.state.x), st["x"]) and np.array_equal(np.asarray(res.state.v), st["v"])
+    assert float(res.scene.params.youngs_modulus) == 630e6 and res.measurements == s["measurements"]
     cli = tmp_path / "cli"
     assert main(["bag", "--resolution", "coarse", "--protocol", "short", "--until", str(2 / 240), "--out", str(cli),
                  "--mesh-every", "0", "--no-pictures", "--youngs-modulus", "630e6", "--friction", "0.2",
