@@ -2,9 +2,11 @@
 
 Only argument parsing and checking: each job is a library function (``scenes.drape_run``,
 ``scenes.bag_run``, ``fitting.rollout_fit``, ``fitting.bag_rest_fit``, ``jobs.compare``,
-``baselines.verlet``), imported lazily; ``ipcjax bag``'s and ``ipcjax fit``'s flags are
-turned into options in :mod:`jobs.bag` and :mod:`jobs.fit`. jobs/ is the top layer, the
-one that imports scenes/, fitting/ and baselines/ all.
+``baselines.verlet``), imported lazily. ``ipcjax bag``'s parser and options are in
+:mod:`jobs.bag`; ``ipcjax fit``'s four jobs (the pouch, the bag's rest shape, a bag window,
+the cantilever), each with a parser of its own flags only, and their options are in
+:mod:`jobs.fit`. jobs/ is the top layer, the one that imports scenes/, fitting/ and
+baselines/ all.
 """
 from __future__ import annotations
 
@@ -63,58 +65,9 @@ def _bag(argv):
 
 
 def _fit(argv):
-    from fitting import rollout_fit
-    from fitting.targets import TARGET_FLAGS
-    from jobs import fit as fit_jobs
+    from jobs import fit  # one parser per fit job, their options and the jobs: jobs/fit.py
 
-    ap = argparse.ArgumentParser(prog="ipcjax fit", description=(
-        "Fit material parameters to measured shapes with optax and implicit gradients. Default scene (pouch): a "
-        "30 µm film pouch around a sphere on a floor, pinched, tied and released; the measurements are its neck "
-        "width (x, y) and flap height. Without targets they are simulated with the film's default parameters, "
-        "and E, μf and kθ are each recovered alone from --start-factor × off (--joint: all three together). "
-        "--scene bag: E, μf or kθ (--param, --pair) from the 481-vertex bag's rest shape, smoothed over runs from "
-        "the tie checkpoint (--state) to 10.50 s on a lattice in the parameters, against the specification's "
-        "measured bag (or --synthetic); --window K: K steps from --state instead. --scene cantilever: a clamped "
-        "film's tip height, one parameter, adam. The jobs are in fitting/rollout_fit.py and fitting/bag_rest_fit.py, "
-        "their flags' checks in jobs/fit.py."))
-    ap.add_argument("--scene", choices=["pouch", "bag", "cantilever"], default="pouch")  # bag: fitting/bag_rest.py
-    for flag, kw in (("--state", dict(help="bag: state.npz to start from (default scenes/data/bag_full_tie.npz)")),
-                     ("--window", dict(type=int, help="bag: differentiate K steps from --state, not the rest shape")),
-                     ("--pair", dict(help="bag: fit two parameters, e.g. youngs_modulus,friction")),
-                     ("--synthetic", dict(action="store_true", help="bag: targets from the film defaults' bag")),
-                     ("--lattice-step", dict(type=float, help="bag: smoothing lattice step in log-parameters (2 ln 2 / 7)")),
-                     ("--noise", dict(type=float, default=0.5, help="bag: noise of the 1σ interval, mm (0.5)")),
-                     ("--model-scatter", dict(help="bag: one run's scatter X,Y,F, mm (default 1.62,3.56,1.10, the E sweep's)")),
-                     ("--workers", dict(type=int, help="bag: node processes (default: the cores)"))):
-        ap.add_argument(flag, **kw)
-    ap.add_argument("--param", choices=["bending_scale", "youngs_modulus", "thickness", "friction"], help="fit only "
-                    "this parameter (pouch: E, μf and kθ in turn; bag: E; cantilever: bending_scale)")
-    ap.add_argument("--joint", action="store_true", help="pouch, bag --window: fit E, μf and kθ together")
-    ap.add_argument("--start", type=float, default=None, help="initial value of a single parameter")
-    ap.add_argument("--start-factor", type=float, help="start at this × the film default (bag 1; pouch, --window 2)")
-    ap.add_argument("--targets", help="pouch, bag: JSON with neck_x_m, neck_y_m, flap_m, or a summary.json")
-    for flag, what in TARGET_FLAGS:  # values parsed, in either unit, by fitting.targets.targets_from
-        ap.add_argument(flag, help=f"pouch, bag: measured {what}, m, or a value with its unit (e.g. 38.83mm)")
-        ap.add_argument(flag + "-mm", help=f"pouch, bag: measured {what}, mm")
-    for flag, kw in (("--target", dict(type=float, help="cantilever: measured tip height in m")),
-                     ("--steps", dict(type=int, default=6, help="cantilever: rollout steps of 1/240 s (default 6)"))):
-        ap.add_argument(flag, **kw)
-    ap.add_argument("--iterations", type=int, default=None, help="maximum iterations (pouch 30, bag 30, cantilever 80)")
-    ap.add_argument("--lr", type=float, default=0.1, help="cantilever: adam learning rate on log-parameters")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
-    ap.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
-    args = ap.parse_args(argv)
-
-    # every input is checked before the job compiles anything; a ValueError or OSError is one line from main()
-    if args.scene == "cantilever":
-        if args.param == "friction":
-            ap.error("the cantilever has no contact: friction cannot be fitted there")
-        print(runfolder.dumps(rollout_fit.fit_cantilever(
-            args.out, args.param or "bending_scale", target=args.target, start=args.start, steps=args.steps,
-            iterations=80 if args.iterations is None else args.iterations, lr=args.lr, progress=not args.quiet)))
-        return 0
-    job = fit_jobs.bag_rest_job if args.scene == "bag" and args.window is None else fit_jobs.shape_fit_job
-    return job(args, ap.error)
+    return fit.run(argv)
 
 
 def _compare(argv):

@@ -4,6 +4,7 @@ Every case here must fail before the first step: ``advance`` is replaced by a fu
 that fails the test, so a check that came after the simulation started would show.
 """
 import json
+import re
 import time
 
 import numpy as np
@@ -249,6 +250,170 @@ def test_write_state_round_trips_through_read_state(tmp_path):
     for k in d:
         np.testing.assert_array_equal(rs[k], d[k])
         assert rs[k].dtype == d[k].dtype, k
+
+
+# --------------------------------------------------------------------------- fit
+
+@pytest.fixture
+def fits(monkeypatch):
+    """Each fit job replaced by one that records its arguments and returns a minimal record
+    (what jobs/fit.py prints and reads): nothing is fitted or compiled."""
+    calls = []
+
+    def fake(name, record):
+        def job(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            return record
+        return job
+
+    for name, record in FIT_RECORDS.items():
+        module = "bag_rest_fit" if name == "fit_bag_rest" else "rollout_fit"
+        monkeypatch.setattr(f"fitting.{module}.{name}", fake(name, record))
+    return calls
+
+
+FIT_RECORDS = {"fit_bag_rest": dict(fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None),
+               "fit_pouch": dict(fits=[]), "fit_bag_state": dict(fits=[]), "fit_cantilever": dict(fitted=1.0)}
+
+
+def fit_refused(capsys, argv):
+    """``ipcjax fit ARGV`` refused by its parser: status 2 before anything runs; the error line."""
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as e:
+        main(["fit", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ipcjax fit") and "Traceback" not in err, err
+    assert time.perf_counter() - t0 < QUICK_S
+    return err.strip().splitlines()[-1]
+
+
+POUCH, REST, WINDOW = "--scene pouch (the pouch fit)", "--scene bag without --window", "--scene bag --window K"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--pair", "youngs_modulus,friction"], f"{POUCH}: not --pair, which is only for {REST} (the rest-shape fit)"),
+    (["--pai", "youngs_modulus,friction"], f"{POUCH}: not --pair, which is only for {REST} (the rest-shape fit)"),
+    (["--scene", "cantilever", "--window", "3"],
+     f"--scene cantilever (the cantilever fit): not --window, which is only for {WINDOW} (the bag window fit)"),
+    (["--scene", "bag", "--lr", "0.2"],
+     f"{REST} (the rest-shape fit): not --lr, which is only for --scene cantilever (the cantilever fit)"),
+    (["--scene", "bag", "--joint"],
+     f"{REST} (the rest-shape fit): not --joint, which is only for --scene pouch and {WINDOW}"),
+    (["--scene", "bag", "--window", "4", "--state", BAG_STATE, "--synthetic"],
+     f"{WINDOW} (the bag window fit): not --synthetic, which is only for {REST} (the rest-shape fit)"),
+    (["--scene", "cantilever", "--neck-x-mm", "38.83", "--neck-y-mm", "37.2", "--flap-mm", "18.43", "--state=s.npz"],
+     f"--scene cantilever (the cantilever fit): not --neck-x-mm, --neck-y-mm, --flap-mm, which are only for "
+     f"--scene pouch, {REST} and {WINDOW}; not --state, which is only for {REST} and {WINDOW}"),
+    (["--target", "0.01", "--steps", "3"],
+     f"{POUCH}: not --target, --steps, which are only for --scene cantilever (the cantilever fit)"),
+    (["--scene", "bag", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    (["--s", "bag"],
+     "ambiguous option: --s could match --scene, --start, --start-factor, --state, --steps, --synthetic"),
+    (["--scene", "cantilever", "--param", "friction"],
+     "argument --param: the cantilever has no contact: friction cannot be fitted there"),
+])
+def test_fit_refuses_a_flag_of_another_fit_job_naming_the_job_that_takes_it(capsys, fits, argv, line):
+    assert fit_refused(capsys, argv) == f"ipcjax fit: error: {line}"
+    assert fits == [], "nothing is fitted"
+
+
+def listed(help_text):
+    """The flags a parser's --help lists in its options."""
+    return set(re.findall(r"^  (--[\w-]+)", help_text, re.MULTILINE))
+
+
+@pytest.mark.parametrize("argv, own, others", [
+    ([], {"--scene", "--param", "--joint", "--start", "--start-factor", "--targets", "--neck-x", "--flap-mm",
+          "--iterations", "--quiet", "--out"}, {"--pair", "--window", "--state", "--lr", "--synthetic", "--target"}),
+    (["--scene", "bag"], {"--scene", "--state", "--pair", "--synthetic", "--lattice-step", "--noise", "--model-scatter",
+                          "--workers", "--param", "--start-factor", "--neck-y-mm"}, {"--joint", "--window", "--lr"}),
+    (["--scene", "bag", "--window", "4"], {"--scene", "--window", "--state", "--joint", "--param", "--targets"},
+     {"--pair", "--synthetic", "--workers", "--lr", "--steps"}),
+    (["--scene", "cantilever"], {"--scene", "--param", "--start", "--target", "--steps", "--lr", "--iterations"},
+     {"--targets", "--neck-x", "--start-factor", "--joint", "--pair", "--window", "--state"}),
+])
+def test_each_fit_job_helps_with_its_own_flags_only(capsys, fits, argv, own, others):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", *argv, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and fits == []
+    assert own <= listed(out) and not others & listed(out), sorted(listed(out))
+    jobs = {"ipcjax fit --help", "ipcjax fit --scene bag --help", "ipcjax fit --scene bag --window K --help",
+            "ipcjax fit --scene cantilever --help"}  # each help names the other three
+    this = " ".join(["ipcjax fit", *argv, "--help"]).replace("--window 4", "--window K")
+    assert {job for job in jobs if job in " ".join(out.split())} == jobs - {this}
+
+
+def test_fit_help_gives_each_job_its_defaults_and_choices(capsys):
+    helps = {}
+    for scene in ("pouch", "bag", "cantilever"):
+        with pytest.raises(SystemExit):
+            main(["fit", "--scene", scene, "--help"])
+        helps[scene] = " ".join(capsys.readouterr().out.split())
+    assert "--start-factor START_FACTOR otherwise start at this × the film default (default 2)" in helps["pouch"]
+    assert "(default 1)" in helps["bag"] and "maximum iterations (default 30)" in helps["bag"]
+    assert "--param {bending_scale,youngs_modulus,thickness}" in helps["cantilever"]
+    assert "maximum iterations (default 80)" in helps["cantilever"]
+    assert "--param {youngs_modulus,friction,bending_scale}" in helps["pouch"]
+
+
+def test_each_fit_job_builds_the_options_it_built_with_one_parser(capsys, fits, tmp_path):
+    """Valid commands of the four jobs give the options and arguments the single parser of
+    before gave (checked against it command by command when the parsers were split)."""
+    from fitting.bag_rest import SPEC_TARGETS
+    from fitting.bag_rest_fit import BagFitOptions
+    from fitting.rollout_fit import ShapeFitOptions
+    from fitting.smoothing import DEFAULT_STEP
+    from jobs import fit
+
+    out = str(tmp_path / "o")
+    mm = ["--neck-x-mm", "38.83", "--neck-y-mm", "37.20", "--flap-mm", "18.43"]
+    cases = [
+        ([], "fit_pouch", ("runs/fit", None, ShapeFitOptions()), {}),
+        (["--joint", "--start-factor", "3", "--iterations", "5", "--quiet", "--out", out, *mm], "fit_pouch",
+         (out, np.asarray(SPEC_TARGETS),
+          ShapeFitOptions(joint=True, start_factor=3.0, iterations=5, progress=False)), {}),
+        (["--scene", "pouch", "--param", "friction", "--start", "0.3"], "fit_pouch",
+         ("runs/fit", None, ShapeFitOptions(param="friction", start=0.3)), {}),
+        (["--scene", "bag"], "fit_bag_rest", ("runs/fit", SPEC_TARGETS, BagFitOptions()), {}),
+        (["--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--model-scatter", "1.5,2.5,0.5",
+          "--lattice-step", "0.3", "--noise", "0.7", "--workers", "2", "--state", BAG_STATE, "--start-factor", "2",
+          "--iterations", "4", "--quiet", "--out", out], "fit_bag_rest",
+         (out, None, BagFitOptions(names=("youngs_modulus", "friction"), start=BAG_STATE, start_factor=2.0,
+                                   iterations=4, step=0.3, noise_mm=0.7, model_scatter_mm=(1.5, 2.5, 0.5),
+                                   workers=2, progress=False)), {}),
+        (["--scen", "bag", "--synth", "--param", "bending_scale", "--start", "1.5", "--quie"], "fit_bag_rest",
+         ("runs/fit", None, BagFitOptions(names=("bending_scale",), start_value=1.5, progress=False)), {}),
+        (["--scene", "bag", "--state", BAG_STATE, "--window", "4"], "fit_bag_state",
+         ("runs/fit", BAG_STATE, 4, None, ShapeFitOptions()), {}),
+        (["--scene", "bag", "--state", BAG_STATE, "--window=6", "--param", "youngs_modulus", "--start", "2e8",
+          "--iterations", "8", "--quiet", "--out", out, *mm], "fit_bag_state",
+         (out, BAG_STATE, 6, np.asarray(SPEC_TARGETS), ShapeFitOptions(param="youngs_modulus", start=2e8,
+                                                                       iterations=8, progress=False)), {}),
+        (["--scene", "cantilever"], "fit_cantilever", ("runs/fit", "bending_scale"),
+         dict(target=None, start=None, steps=6, iterations=80, lr=0.1, progress=True)),
+        (["--scene", "cantilever", "--param", "thickness", "--target", "0.01", "--steps", "3", "--iterations", "5",
+          "--lr", "0.2", "--start", "1e-4", "--quiet", "--out", out], "fit_cantilever", (out, "thickness"),
+         dict(target=0.01, start=1e-4, steps=3, iterations=5, lr=0.2, progress=False)),
+    ]
+    assert BagFitOptions().step == DEFAULT_STEP and BagFitOptions().start_factor == 1.0
+    capsys.readouterr()
+    for argv, name, args, kwargs in cases:
+        fits.clear()
+        assert fit.run(argv) == 0, argv
+        assert json.loads(capsys.readouterr().out) == FIT_RECORDS[name], argv  # the record, printed
+        ((called, got_args, got_kwargs),) = fits
+        assert called == name and got_kwargs == kwargs, argv
+        assert len(got_args) == len(args), argv
+        for got, want in zip(got_args, args):
+            if isinstance(want, np.ndarray):
+                np.testing.assert_allclose(got, want, rtol=1e-12)
+            else:
+                assert got == want and type(got) is type(want), (argv, got, want)
+        for options in got_args[-1:]:
+            if isinstance(options, tuple):
+                assert [type(v) for v in options] == [type(v) for v in args[-1]], argv
 
 
 # --------------------------------------------------------------------------- compare
