@@ -13,10 +13,10 @@ DT = 1.0 / 240.0
 
 def _drape(n, steps):
     sc = drape_scene(n=n, size=0.06, sphere_radius=0.02, gap=1.5e-3)
-    m = sc["model"]
-    frames, times, reps = simulate(m, Params.film_defaults(), make_state(sc["x"]),
+    m = sc.model
+    frames, times, reps = simulate(m, Params.film_defaults(), make_state(sc.x),
                                    Controls.empty(m.n_particles, tolerance=5e-6), steps, dt=DT, config=Config())
-    audit = audit_trajectory(frames, sc["film_triangles"], [sc["sphere"]], [0.02])
+    audit = audit_trajectory(frames, sc.film_triangles, [sc.sphere], [0.02])
     return frames, reps, audit
 
 
@@ -40,10 +40,10 @@ def test_drape_200_steps():
 @pytest.mark.slow
 def test_fold_200_steps_film_on_film():
     sc = fold_scene()
-    m = sc["model"]
-    frames, times, reps = simulate(m, Params.film_defaults(), make_state(sc["x"]), sc["controls"], 200, dt=DT, config=Config())
-    nf = len(np.unique(sc["film_triangles"]))
-    audit = audit_trajectory(frames[:, :nf], sc["film_triangles"])
+    m = sc.model
+    frames, times, reps = simulate(m, Params.film_defaults(), make_state(sc.x), sc.controls, 200, dt=DT, config=Config())
+    nf = len(np.unique(sc.film_triangles))
+    audit = audit_trajectory(frames[:, :nf], sc.film_triangles)
     assert audit["frames_with_self_intersection"] == 0
     assert np.min(audit["min_film_film"]) < Config().dhat + Config().min_gap  # layers within barrier range
     assert np.min(audit["min_film_film"]) > Config().min_gap

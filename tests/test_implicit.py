@@ -24,10 +24,10 @@ PARAMS = ("youngs_modulus", "poisson", "thickness", "bending_scale", "drag", "gr
 
 def test_implicit_gradient_equals_unrolled_newton_without_contact():
     sc = hanging_scene(n=4)
-    m = sc["model"]
+    m = sc.model
     cap = C.initial_capacity(m.topology)
     rng = np.random.default_rng(0)
-    x0 = jnp.asarray(sc["x"]).at[:12].add(jnp.asarray(rng.normal(size=(12, 3)) * 1e-4))
+    x0 = jnp.asarray(sc.x).at[:12].add(jnp.asarray(rng.normal(size=(12, 3)) * 1e-4))
     v0 = jnp.asarray(rng.normal(size=x0.shape) * 1e-2).at[12:].set(0.0)
     ctl = Controls.empty(m.n_particles, tolerance=1e-11)
     W = jnp.asarray(rng.normal(size=x0.shape))
@@ -63,15 +63,15 @@ def test_implicit_gradient_equals_unrolled_newton_without_contact():
 def _contact_case(name):
     if name == "vertex-triangle press":
         sc = vertex_triangle_scene(speed=0.05)
-        x = sc["x"].copy(); x[:3, 2] -= 0.0015  # start inside the barrier range (0.5 mm gap)
-        return sc["model"], x, sc["v"]
+        x = sc.x.copy(); x[:3, 2] -= 0.0015  # start inside the barrier range (0.5 mm gap)
+        return sc.model, x, sc.v
     if name == "frictional slide":
         sc = vertex_triangle_scene()
-        x = sc["x"].copy(); x[:3, 2] -= 0.0015
+        x = sc.x.copy(); x[:3, 2] -= 0.0015
         v = np.zeros_like(x); v[:3] = [0.3, 0.1, -0.02]  # sliding along the face
-        return sc["model"], x, v
+        return sc.model, x, v
     sc = drape_scene(n=4, size=0.02, sphere_radius=0.02, gap=4e-4)  # film resting on a sphere
-    return sc["model"], sc["x"], np.zeros_like(sc["x"])
+    return sc.model, sc.x, np.zeros_like(sc.x)
 
 
 @pytest.mark.parametrize("case", [

@@ -27,7 +27,7 @@ def _setup(degenerate, slots=None, **scene):
     """The scene and one rollout whose tolerance is the controls' (``tolerance=None``),
     its capacity the initial one with ``slots`` (below) in place of its guesses."""
     sc = layers_scene(degenerate=degenerate, **scene)
-    m = sc["model"]
+    m = sc.model
     capacity = None if slots is None else C.initial_capacity(m.topology)._replace(**slots)
     roll = make_rollout(m, CFG, capacity, round_fp32=False, tolerance=None, report=True)
     return sc, m, roll
@@ -58,10 +58,10 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
     as h² over at least a decade of steps above that noise floor, wherever the floor lies.
     """
     sc, m, roll = _setup(degenerate=False, slots=GENERIC_SLOTS)
-    x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
-    upper = jnp.asarray(sc["upper"])
+    x0, v0 = jnp.asarray(sc.x), jnp.asarray(sc.v)
+    upper = jnp.asarray(sc.upper)
     # the upper layer's slide (x) and both layers' heights: friction, stiffness and bending act
-    W = jnp.zeros_like(x0).at[upper, 0].set(1.0).at[: sc["n_film"], 2].set(1.0)
+    W = jnp.zeros_like(x0).at[upper, 0].set(1.0).at[: sc.n_film, 2].set(1.0)
     ctl = _controls(m, TOL)
 
     def loss(p, x0, v0):
@@ -106,9 +106,9 @@ def test_two_layer_friction_gradient_in_v0_passes_the_taylor_test():
     Direction: the upper layer pressing down plus a random part.
     """
     sh, m, roll_h = _setup(degenerate=False, areal_density=HEAVY * _AREAL)
-    xh, vh = jnp.asarray(sh["x"]), jnp.asarray(sh["v"])
-    upper = jnp.asarray(sh["upper"])
-    W = jnp.zeros_like(xh).at[upper, 0].set(1.0).at[: sh["n_film"], 2].set(1.0)
+    xh, vh = jnp.asarray(sh.x), jnp.asarray(sh.v)
+    upper = jnp.asarray(sh.upper)
+    W = jnp.zeros_like(xh).at[upper, 0].set(1.0).at[: sh.n_film, 2].set(1.0)
     ctl = _controls(m, TOL)
     p0 = Params.film_defaults()
     free = np.asarray(~m.fixed)[:, None]
@@ -132,7 +132,7 @@ def test_degenerate_start_is_flagged():
     # the flag is computed at each step's start; a loose tolerance keeps the solve short
     # (on the aligned start, 1e-10 m runs into the iteration cap)
     sc, m, roll = _setup(degenerate=True, slots=ALIGNED_SLOTS)
-    x0, v0 = jnp.asarray(sc["x"]), jnp.asarray(sc["v"])
+    x0, v0 = jnp.asarray(sc.x), jnp.asarray(sc.v)
     with pytest.warns(NonDifferentiableWarning, match="closest-feature boundary"):
         _, _, codes, kinks = roll(Params.film_defaults(), x0, v0, _controls(m, 1e-6), DT)
     assert int(kinks[0]) > 0

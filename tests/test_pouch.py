@@ -18,39 +18,39 @@ def pouch():
 
 
 def test_pouch_builds_without_overlap(pouch):
-    m = pouch["model"]
-    check_geometry(m, pouch["x"], pouch["config"])  # raises on any gap ≤ 0 or edge through face
-    assert pouch["n_film"] == 1 + RINGS * 8 and m.n_particles == pouch["n_film"] + 1 + 4
-    steps = pouch["controls"].support_k.shape[0]
-    assert steps == len(pouch["controls_list"]) == 15
-    k = np.asarray(pouch["controls"].support_k)
+    m = pouch.model
+    check_geometry(m, pouch.x, pouch.config)  # raises on any gap ≤ 0 or edge through face
+    assert pouch.n_film == 1 + RINGS * 8 and m.n_particles == pouch.n_film + 1 + 4
+    steps = pouch.controls.support_k.shape[0]
+    assert steps == len(pouch.controls_list) == 15
+    k = np.asarray(pouch.controls.support_k)
     assert k[0].min() > 0 and np.all(k[-1] == 0)         # hands hold, then let go
-    tk = np.asarray(pouch["controls"].tie_k)
+    tk = np.asarray(pouch.controls.tie_k)
     assert np.all(tk[:5] == 0) and np.all(tk[5:] > 0)    # tied from the tie phase on
 
 
 def test_measurements_on_built_positions(pouch):
-    x = jnp.asarray(pouch["x"])
+    x = jnp.asarray(pouch.x)
     prof, _ = pouch_profile()
     r_neck = prof[RINGS - 1, 0]
-    wx, wy = np.asarray(neck_width(x, pouch["neck"]))
+    wx, wy = np.asarray(neck_width(x, pouch.neck))
     assert wx == pytest.approx(2 * r_neck, rel=1e-12) and wy == pytest.approx(2 * r_neck, rel=1e-12)
-    assert float(flap_height(x, pouch["rim"], pouch["neck"])) == pytest.approx(prof[RINGS, 1] - prof[RINGS - 1, 1],
+    assert float(flap_height(x, pouch.rim, pouch.neck)) == pytest.approx(prof[RINGS, 1] - prof[RINGS - 1, 1],
                                                                                 rel=1e-12)
-    g = jax.grad(lambda x: jnp.sum(measure(x, pouch["neck"], pouch["rim"])))(x)
+    g = jax.grad(lambda x: jnp.sum(measure(x, pouch.neck, pouch.rim)))(x)
     assert np.all(np.isfinite(np.asarray(g))) and np.abs(np.asarray(g)).max() > 0
 
 
 @pytest.mark.slow
 def test_pouch_gradients_nonzero_and_pass_the_taylor_test(pouch):
-    m, p0 = pouch["model"], pouch["params"]
-    roll = make_rollout(m, pouch["config"], pouch["capacity"], round_fp32=False)
-    x0 = jnp.asarray(pouch["x"])
+    m, p0 = pouch.model, pouch.params
+    roll = make_rollout(m, pouch.config, pouch.capacity, round_fp32=False)
+    x0 = jnp.asarray(pouch.x)
 
     def meas(z):
         p = p0._replace(**{n: jnp.exp(z[i]) for i, n in enumerate(NAMES)})
-        frames, _, codes = roll(p, x0, jnp.zeros_like(x0), pouch["controls"], pouch["dt"])
-        return measure(frames[-1], pouch["neck"], pouch["rim"]), codes
+        frames, _, codes = roll(p, x0, jnp.zeros_like(x0), pouch.controls, pouch.dt)
+        return measure(frames[-1], pouch.neck, pouch.rim), codes
 
     z0 = jnp.log(jnp.asarray([float(getattr(p0, n)) for n in NAMES]))
     J, codes = jax.jit(jax.jacrev(meas, has_aux=True))(z0)

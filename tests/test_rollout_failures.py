@@ -23,9 +23,9 @@ DT = 1 / 240
 @pytest.fixture(scope="module")
 def drape():
     sc = drape_scene(n=4, size=0.03, sphere_radius=0.01, gap=0.5e-3)
-    m = sc["model"]
+    m = sc.model
     ctl = stack_controls([Controls.empty(m.n_particles)] * STEPS)
-    x0 = jnp.asarray(sc["x"])
+    x0 = jnp.asarray(sc.x)
     return m, ctl, x0
 
 

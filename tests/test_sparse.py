@@ -38,10 +38,10 @@ def contact_system():
     friction and supports: jitted exact ↦ (gradient, Hessian blocks) at x, step start x₀."""
     n = 9
     sc = drape_scene(n=n, size=0.04, sphere_radius=0.02, gap=0.4e-3, floor=True)
-    m = sc["model"]
+    m = sc.model
     p = Params.film_defaults()
     rng = np.random.default_rng(1)
-    x0 = jnp.asarray(sc["x"])
+    x0 = jnp.asarray(sc.x)
     x = x0.at[:n * n].add(jnp.asarray(rng.normal(size=(n * n, 3)) * 5e-5))
     cs, stats = query_contacts(x0, x, m, CG, C.Capacity(4 * n * n, 16 * n * n, 4 * n * n))
     assert not bool(stats.overflow)
@@ -134,10 +134,10 @@ def drape_run(config, steps=DRAPE_STEPS):
     """A 6×6 film dropped 0.4 mm onto a sphere for ``steps`` steps with ``config``:
     (scene, params, controls, frames, reports); every step must succeed."""
     sc = drape_scene(n=6, size=0.04, sphere_radius=0.02, gap=0.4e-3)
-    m = sc["model"]
+    m = sc.model
     p = Params.film_defaults()
     ctl = Controls.empty(m.n_particles, tolerance=5e-7)
-    frames, _, reps = simulate(m, p, make_state(sc["x"]), ctl, steps, dt=DT, config=config)
+    frames, _, reps = simulate(m, p, make_state(sc.x), ctl, steps, dt=DT, config=config)
     assert all(r.ok for r in reps)
     return sc, p, ctl, frames, reps
 
@@ -151,11 +151,11 @@ def dense_drape():
 def test_cg_drape_ends_where_the_dense_drape_does(dense_drape):
     sc, p, ctl, fd, _ = dense_drape
     _, _, _, fc, reps = drape_run(CG)
-    m = sc["model"]
+    m = sc.model
     print('max |x_cg - x_dense| %.3g m, film moved %.3g m' % (np.max(np.abs(fc[-1] - fd[-1])), np.max(np.abs(fd[-1] - fd[0]))))
     assert np.max(np.abs(fc[-1] - fd[-1])) < 2e-6  # m, after 12 steps
     assert np.max(np.abs(fd[-1] - fd[0])) > 3e-4
-    audit = audit_trajectory(fc, sc["film_triangles"], [sc["sphere"]], [0.02])
+    audit = audit_trajectory(fc, sc.film_triangles, [sc.sphere], [0.02])
     assert audit["frames_with_self_intersection"] == 0 and np.all(audit["min_film_sphere"] > 0)
     assert min(r.min_gap for r in reps) > 0
 
@@ -170,7 +170,7 @@ def test_sparse_drape_follows_the_dense_drape(dense_drape):
     factorization (negative mass makes H indefinite) is reported, not stepped over."""
     sc, p, ctl, fd, rd = dense_drape
     _, _, _, fs, rs = drape_run(SPARSE)
-    m = sc["model"]
+    m = sc.model
     assert [r.iterations for r in rd] == [r.iterations for r in rs]
     assert np.max(np.abs(fs[-1] - fd[-1])) < 1e-9  # m
     assert np.max(np.abs(fd[-1] - fd[0])) > 3e-4
@@ -191,9 +191,9 @@ def active_system():
     candidate rows farther out), perturbed: model, params, state x, step start x₀, contacts."""
     n = 9
     sc = drape_scene(n=n, size=0.04, sphere_radius=0.02, gap=0.4e-3, floor=True)
-    m = sc["model"]
+    m = sc.model
     rng = np.random.default_rng(4)
-    x0 = jnp.asarray(sc["x"])
+    x0 = jnp.asarray(sc.x)
     x = x0.at[:n * n].add(jnp.asarray(rng.normal(size=(n * n, 3)) * 5e-5))
     cap = C.Capacity(4 * n * n, 16 * n * n, 4 * n * n)
     # jitted: one program, where op by op it was hundreds of small compilations
@@ -415,9 +415,9 @@ def test_rollout_gradient_on_the_sparse_path_equals_the_dense_one():
     """The implicit VJP through a frictional contact rollout: the sparse backward solve
     gives the dense path's gradients."""
     sc = vertex_triangle_scene()
-    x = sc["x"].copy(); x[:3, 2] -= 0.0015
+    x = sc.x.copy(); x[:3, 2] -= 0.0015
     v = np.zeros_like(x); v[:3] = [0.3, 0.1, -0.02]
-    m = sc["model"]
+    m = sc.model
     cap = C.initial_capacity(m.topology)
     ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-12)] * 3)
     W = jnp.asarray(np.random.default_rng(1).normal(size=x.shape))

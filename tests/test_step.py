@@ -41,8 +41,8 @@ def _min_ee_distance(x):
 
 
 def _run(sc, steps, params=None, config=CFG, tol=TIGHT):
-    m = sc["model"]
-    st = make_state(sc["x"], sc.get("v"))
+    m = sc.model
+    st = make_state(sc.x, sc.v)
     ctl = Controls.empty(m.n_particles, tolerance=tol)
     params = Params.film_defaults() if params is None else params
     out, cap = [], None
@@ -71,9 +71,9 @@ def test_edge_edge_scene_keeps_the_gap():
 
 def test_fast_crossing_attempt_is_bounded_below_half():
     sc = vertex_triangle_scene()
-    m = sc["model"]
-    x = jnp.asarray(sc["x"])
-    gap0 = float(sc["x"][0, 2]) - CFG.min_gap
+    m = sc.model
+    x = jnp.asarray(sc.x)
+    gap0 = float(sc.x[0, 2]) - CFG.min_gap
     dx = jnp.zeros_like(x).at[0, 2].set(-2.0 * (gap0 + CFG.min_gap) - 1e-4)  # through the face
 
     @jax.jit  # one program (op by op it was hundreds of small compilations)
@@ -94,34 +94,34 @@ def test_fast_crossing_attempt_is_bounded_below_half():
 
 def test_initial_overlap_is_rejected_and_input_untouched():
     sc = vertex_triangle_scene()
-    x = sc["x"].copy()
+    x = sc.x.copy()
     x[0, 2] = 1e-5  # 10 µm above the obstacle: closer than min_gap
     keep = x.copy()
     st = make_state(x)
     with pytest.raises(ValueError, match=r"initial overlap: vertex 0 – triangle \(3, 4, 5\)"):
-        advance(sc["model"], Params.film_defaults(), st, Controls.empty(6), DT)
+        advance(sc.model, Params.film_defaults(), st, Controls.empty(6), DT)
     assert np.array_equal(x, keep)
 
 
 def test_edge_through_face_is_rejected():
     sc = vertex_triangle_scene()
-    x = sc["x"].copy()
+    x = sc.x.copy()
     x[0, 2] = -0.003  # vertex 0 below the obstacle plane: edges (0,1), (0,2) pierce it
     with pytest.raises(ValueError, match="edge-through-face penetration"):
-        check_geometry(sc["model"], x)
+        check_geometry(sc.model, x)
 
 
 def test_failed_step_returns_input_state_unchanged():
     sc = vertex_triangle_scene(speed=20.0)
-    m = sc["model"]
-    x_in, v_in = sc["x"].copy(), sc["v"].copy()
+    m = sc.model
+    x_in, v_in = sc.x.copy(), sc.v.copy()
     st = make_state(x_in, v_in)
     cfg = Config(max_newton=1, max_subdivisions=0)
     new, rep = advance(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg)
     assert not rep.ok and rep.code & StepCode.ITERATION_CAP
     assert "iteration cap" in rep.reason
     assert new is st and np.array_equal(np.asarray(new.x), x_in.astype(np.float32))
-    assert np.array_equal(x_in, sc["x"]) and np.array_equal(v_in, sc["v"])
+    assert np.array_equal(x_in, sc.x) and np.array_equal(v_in, sc.v)
     # the jitted core reports the same and keeps its input too
     out, info = step(m, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg,
                      capacity=C.initial_capacity(m.topology))
@@ -132,8 +132,8 @@ def test_failed_step_returns_input_state_unchanged():
 def test_subdivision_rescues_an_eight_iteration_cap():
     sc = vertex_triangle_scene(speed=20.0)
     cfg = Config(max_newton=8)
-    st = make_state(sc["x"], sc["v"])
-    new, rep = advance(sc["model"], Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg)
+    st = make_state(sc.x, sc.v)
+    new, rep = advance(sc.model, Params.film_defaults(), st, Controls.empty(6, tolerance=TIGHT), DT, config=cfg)
     assert rep.ok, rep.reason
     assert rep.max_depth >= 1 and rep.substeps >= 2
     assert float(new.t) == pytest.approx(DT)
@@ -142,21 +142,21 @@ def test_subdivision_rescues_an_eight_iteration_cap():
 
 def test_hinge_scene_relaxes_its_angle():
     sc = hinge_scene()
-    m = sc["model"]
+    m = sc.model
     h = np.asarray(m.hinges)[0]
     theta = lambda x: float(np.degrees(dihedral_angle(*np.asarray(x, np.float64)[h])))
-    start = theta(sc["x"])
+    start = theta(sc.x)
     assert abs(abs(start) - 14.036) < 1e-3
-    out = _run(dict(model=m, x=sc["x"]), 12, Params.film_defaults(gravity=(0.0, 0.0, 0.0)))
+    out = _run(sc, 12, Params.film_defaults(gravity=(0.0, 0.0, 0.0)))
     end = theta(out[-1][0])
     assert abs(end) < 0.5 * abs(start)
 
 
 def test_determinism_and_no_recompilation():
     sc = vertex_triangle_scene()
-    m = sc["model"]
+    m = sc.model
     cap = C.initial_capacity(m.topology)
-    st = make_state(sc["x"], sc["v"])
+    st = make_state(sc.x, sc.v)
     ctl = Controls.empty(6, tolerance=TIGHT)
     p = Params.film_defaults()
     a, _ = step(m, p, st, ctl, DT, config=CFG, capacity=cap)
@@ -172,12 +172,12 @@ def test_assembled_gradient_matches_autodiff_and_central_differences(cfg):
     """§6: assembled-energy gradient against autodiff and central differences, in contact;
     with the default models also each term of TERMS alone against autodiff of its value."""
     sc = vertex_triangle_scene()
-    m = sc["model"]
+    m = sc.model
     rng = np.random.default_rng(0)
-    x = sc["x"].copy()
+    x = sc.x.copy()
     x[:3] += rng.normal(size=(3, 3)) * 1e-4
     x[0, 2] = 4e-4  # inside the barrier range of the obstacle
-    x0 = sc["x"].copy(); x0[0, 2] = 5e-4
+    x0 = sc.x.copy(); x0[0, 2] = 5e-4
     x, x0 = jnp.asarray(x), jnp.asarray(x0)
     p = Params.film_defaults()
     cap = C.initial_capacity(m.topology)

@@ -19,10 +19,10 @@ SCRIPT = textwrap.dedent("""
     from fitting.sweep import sweep, stack_params
     from scenes.film import cantilever_scene
     assert len(jax.devices()) == 2, jax.devices()
-    sc = cantilever_scene(n=4); m = sc["model"]
+    sc = cantilever_scene(n=4); m = sc.model
     roll = make_rollout(m, Config(), C.initial_capacity(m.topology), round_fp32=False)
     ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-10)] * 3)
-    x0 = jnp.asarray(sc["x"]); tip = jnp.asarray(sc["tip"])
+    x0 = jnp.asarray(sc.x); tip = jnp.asarray(sc.tip)
     def tipz(p):
         f, _, codes = roll(p, x0, jnp.zeros_like(x0), ctl, 1 / 240)
         return jnp.mean(f[-1, tip, 2]), codes
