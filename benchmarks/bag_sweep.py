@@ -12,7 +12,7 @@ one JSON line per run to ``OUT/sweep.jsonl`` (factor, measurements in mm, the re
 Jacobian in mm per unit log-parameter, wall time; or the error). A sweep stopped part-way
 continues where it stopped, and ``--k=K1,K2,…`` runs only those grid points (any k, on the
 lattice or not); its run folders are named as the fit's nodes
-(fitting.bag_nodes.node_folder), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
+(fitting.bag_nodes.NodeCache), so ``ipcjax fit --scene bag --out D`` reuses the runs of a
 sweep with ``--out D/nodes``. ``python3 benchmarks/bag_sweep.py --report --out OUT`` prints
 the table: at each grid point k = −7 … 7 the single run (where there is one), the fit's
 spline-smoothed measurements and loss against a target, the loss's slope between
@@ -39,13 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _one(args):
     import ipcjax  # noqa: F401  (float64)
-    from fitting.bag_nodes import NodeFailed, full_z, node_folder, run_node
+    from fitting.bag_nodes import NodeCache, NodeFailed, full_z, run_node
     from fitting.rest_derivative import BAG_NAMES
 
     param, factor, out, start = args
     z = full_z((param,), [math.log(factor) + full_z((), [])[BAG_NAMES.index(param)]])
     try:
-        nd = run_node(start, z, os.path.join(out, node_folder(z, start)), reuse=True)
+        nd = run_node(start, z, NodeCache(start, out).folder(z), reuse=True)
     except NodeFailed as e:
         return dict(param=param, factor=factor, error=str(e))
     return dict(param=param, factor=factor, y_mm=(nd.y * 1e3).tolist(), J_rest_mm=(nd.J * 1e3).tolist(),
@@ -69,7 +69,6 @@ def _lattice(folder, param, width: int):
     smoothing over its lattice nodes (every ``width``-th grid point): ``smoothed(u)`` at
     u grid steps (any real u) gives (ȳ, its spline derivative, the nodes' weighted
     rest-state derivative) in mm per unit log-parameter, or None where a node is missing."""
-    from fitting.bag_nodes import NodeResult
     from fitting.rest_derivative import BAG_NAMES
     from fitting.smoothing import lattice_smooth, lattice_support
 
@@ -79,19 +78,17 @@ def _lattice(folder, param, width: int):
     bad = {k: r["error"] for k, r in by_k.items() if "error" in r}
     col = BAG_NAMES.index(param)
     Y = {k: np.asarray(r["y_mm"]) for k, r in by_k.items() if k not in bad}
-    nodes = {k: NodeResult(z=np.zeros(3), y=Y[k], J=np.asarray(by_k[k]["J_rest_mm"]), residual_ratio=0.0,
-                           stable=True, max_speed=0.0, wall_s=0.0, run_dir="") for k in Y if k % width == 0}
+    J_rest = {k: np.asarray(by_k[k]["J_rest_mm"]) for k in Y if k % width == 0}   # the lattice nodes' (3, 3)
 
     def smoothed(u):
         idx, w, dw = lattice_support([u / width])
         ks = [int(j) * width for j in idx[:, 0]]
-        if any(kk not in nodes for kk in ks):
+        if any(kk not in J_rest for kk in ks):
             return None
-        nd = [nodes[kk] for kk in ks]
-        y, J = lattice_smooth(nd, w, dw, (param,), h, "spline")
+        y, J = lattice_smooth(np.stack([Y[kk] for kk in ks]), w, dw, (param,), h, estimator="spline")
         # the nodes' own rest-state derivatives, also for μf (the fit's "rest" estimator
         # takes the spline's for PATH_ONLY parameters; the report shows what the IFT says)
-        Jr = np.asarray(w) @ np.stack([n.J[:, col] for n in nd])
+        Jr = np.asarray(w) @ np.stack([J_rest[kk][:, col] for kk in ks])
         return y, J[:, 0], Jr
 
     return Y, bad, smoothed

@@ -1,9 +1,11 @@
 """One node of the bag fit's lattice: a forward run of the bag in its own run folder,
-reused when met again (:func:`node_folder`), and the rest-state derivative at its end
+reused when met again (:class:`NodeCache`), and the rest-state derivative at its end
 (:func:`run_node`)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import time
@@ -63,8 +65,9 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
     """Run the bag from the state ``start`` with the log-parameters z (over BAG_NAMES) to
     ``until`` (default: the protocol's end) and take the rest-state derivative there.
 
-    ``reuse``: take the run in ``out`` if it finished with these parameters (a sweep or
-    fit that continues). Whether the rest-state derivative may be used (``stable``,
+    ``reuse``: take the run in ``out`` if it finished with these parameters and end time
+    (:meth:`NodeCache.finished`; a sweep or fit that continues, ``out`` then being
+    :meth:`NodeCache.folder`). Whether the rest-state derivative may be used (``stable``,
     ``residual_ratio``) is the caller's check (:func:`check_rest`).
 
     Raises:
@@ -85,7 +88,7 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
     rs = runfolder.read_npz(start, "--start")
     resolution, protocol = str(rs["resolution"]), str(rs["protocol"]) if "protocol" in rs.files else "full"
     t_end = PROTOCOLS[protocol].t_end if until is None else float(until)
-    s = _finished(out, params, t_end) if reuse else None
+    s = NodeCache.finished(out, params, t_end) if reuse else None
     if s is None:
         res = run_bag(BagRunOptions(out=out, resume=start, params=params, resolution=resolution, protocol=protocol,
                                     until=until, save_every=audit_every, mesh_every=0, pictures=False,
@@ -118,21 +121,6 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
                       run_dir=out)
 
 
-def _finished(out, params, t_end):
-    """The summary of a run in ``out`` that reached ``t_end`` with ``params``, or None."""
-    import json
-
-    try:
-        with open(os.path.join(out, "summary.json")) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None
-    same = all(math.isclose(s.get("params", {}).get(n, math.nan), float(getattr(params, n)), rel_tol=1e-12)
-               for n in BAG_NAMES)
-    reached = abs(float(s.get("simulated_s", -1.0)) - t_end) < 1e-6
-    return s if same and reached and not s.get("failure") else None
-
-
 def check_rest(node: NodeResult) -> None:
     """NodeFailed unless the node's final state is a stable rest state (H positive
     definite, ‖G‖∞ below REST_RESIDUAL_TOL of the largest term force)."""
@@ -147,15 +135,53 @@ def check_rest(node: NodeResult) -> None:
         raise NodeFailed(known, "the rest-state derivative is not finite")
 
 
-def node_folder(z, start: str) -> str:
-    """The run folder name of the node at log-parameters z (over BAG_NAMES) from the state
-    file ``start``: a digest of the file and the values, so that evaluations, sweeps and
-    tests that meet the same node from the same start share one run."""
-    import hashlib
+class NodeCache:
+    """The run folders of the bag fit's nodes under ``root``, all started from the state
+    file ``start``: a node met again (in one fit, in a fit that continues, in a sweep
+    writing to the same folder) reuses its finished run.
 
-    with open(start, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:10]
-    return f"node_{digest}_" + "_".join(f"{n}={v:.9g}" for n, v in zip(BAG_NAMES, np.exp(np.asarray(z, np.float64))))
+    The folder of the node at the log-parameters z (over BAG_NAMES) is named
+
+        node_<digest>_youngs_modulus=<v>_friction=<v>_bending_scale=<v>
+
+    ``<digest>``: the first 10 hexadecimal digits (lower case) of the SHA-256 of the start
+    file's bytes, computed once, when the cache is made (:attr:`digest`); a start file
+    whose bytes differ gives other folders. Then, for each name of BAG_NAMES in that order,
+    ``{n}={v:.9g}`` with v = exp(zᵢ) in the parameter's units (E in Pa, μf, kθ), joined by
+    ``_``: nodes whose values agree to 9 significant digits share a folder (and its run
+    only under the rules below).
+
+    A run in a node's folder is reused (:meth:`finished`) when its ``summary.json`` reads as
+    JSON, records for every name of BAG_NAMES a value within 1e-12 relative of the node's,
+    reached the end time (``simulated_s`` within 1e-6 s of it), and has no ``failure``;
+    otherwise the node runs again in that folder.
+    """
+
+    def __init__(self, start: str, root: str):
+        self.start, self.root = start, root
+        with open(start, "rb") as f:
+            self.digest = hashlib.sha256(f.read()).hexdigest()[:10]   # of the start file, once
+
+    def folder(self, z) -> str:
+        """The run folder of the node at the log-parameters z (over BAG_NAMES)."""
+        values = np.exp(np.asarray(z, np.float64))
+        return os.path.join(self.root, f"node_{self.digest}_" + "_".join(f"{n}={v:.9g}"
+                                                                         for n, v in zip(BAG_NAMES, values)))
+
+    @staticmethod
+    def finished(run_dir: str, params, t_end: float) -> dict | None:
+        """The summary (summary.json) of the run in ``run_dir`` if it reached ``t_end`` (s)
+        with ``params`` (a :class:`ipcjax.model.Params`; BAG_NAMES compared) and did not
+        fail, else None (the class docstring's rules)."""
+        try:
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                s = json.load(f)
+        except (OSError, ValueError):
+            return None
+        same = all(math.isclose(s.get("params", {}).get(n, math.nan), float(getattr(params, n)), rel_tol=1e-12)
+                   for n in BAG_NAMES)
+        reached = abs(float(s.get("simulated_s", -1.0)) - t_end) < 1e-6
+        return s if same and reached and not s.get("failure") else None
 
 
 def full_z(names, z) -> np.ndarray:

@@ -50,7 +50,7 @@ of the fitted parameters (E, μf, kθ):
 
 Every run is made in a worker process (``workers``, default all cores), and a node met
 again, in this fit or in a sweep or fit that wrote to the same folder, reuses its finished
-run (:func:`fitting.bag_nodes.node_folder`). A failed node (a failed step, a
+run (:class:`fitting.bag_nodes.NodeCache`). A failed node (a failed step, a
 self-intersecting frame) raises :class:`fitting.bag_nodes.NodeFailed` naming the node's parameters and the
 reason; an iterate outside the parameter range is evaluated at the range's end. What a
 fit's answer is worth (interval, identifiability, reach): :mod:`fitting.uncertainty`.
@@ -58,6 +58,7 @@ fit's answer is worth (interval, identifiability, reach): :mod:`fitting.uncertai
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -65,7 +66,7 @@ import time
 
 import numpy as np
 
-from fitting.bag_nodes import NodeResult, check_rest, full_z, node_folder, run_node
+from fitting.bag_nodes import NodeCache, NodeResult, check_rest, full_z, run_node
 from fitting.fit import Evaluation
 from fitting.rest_derivative import BAG_NAMES
 from fitting.smoothing import DEFAULT_STEP, ESTIMATORS, effective_runs, lattice_smooth, lattice_support
@@ -78,6 +79,52 @@ DEFAULT_START = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 DEFAULT_RANGE = (0.25, 4.0)
 #: The specification's measured bag after release (docs/spec.md §5): neck x, neck y, flap, m.
 SPEC_TARGETS = (38.83e-3, 37.20e-3, 18.43e-3)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeRecord:
+    """One lattice node of an evaluation as its :class:`EvaluationRecord` holds it and
+    fit.json writes it (``iterates[i]["nodes"][j]``: :meth:`to_json`, fields in this order)."""
+
+    index: list[int]           # the lattice point j over the fitted names
+    weight: float              # w_j, its B-spline weight in the evaluation (the nodes' weights sum to 1)
+    params: dict[str, float]   # over BAG_NAMES at the node: E in Pa, μf and kθ dimensionless
+    y: list[float]             # (3,) neck x, neck y, flap of its run, m
+    J_rest: list[list[float]]  # (3, 3) its rest-state dy/dz over BAG_NAMES, m per unit log-parameter
+    residual_ratio: float      # ‖G(x)‖∞ / the largest force of one energy term on one particle
+    max_speed_m_s: float       # the fastest particle at the end of its run, m/s
+    wall_s: float              # its run (or reading a finished one back), s
+    run_dir: str               # its run folder (fitting.bag_nodes.NodeCache.folder)
+
+    @classmethod
+    def of(cls, index, weight, node: NodeResult) -> NodeRecord:
+        """The record of ``node`` at the lattice point ``index`` with the weight ``weight``."""
+        return cls(index=list(index), weight=float(weight), params=dict(zip(BAG_NAMES, np.exp(node.z).tolist())),
+                   y=node.y.tolist(), J_rest=node.J.tolist(), residual_ratio=node.residual_ratio,
+                   max_speed_m_s=node.max_speed, wall_s=node.wall_s, run_dir=node.run_dir)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluationRecord:
+    """One evaluation of :class:`BagRestProblem` (``problem.records``) as fit.json writes it
+    (``iterates[i]``, ``synthetic_evaluation``: :meth:`to_json`, fields in this order, the
+    nodes' records as dicts)."""
+
+    z: list[float]             # (k,) the evaluated log-parameters over ``names`` (the asked ones clipped to the range)
+    params: dict[str, float]   # exp(z) over ``names``: E in Pa, μf and kθ dimensionless
+    clipped: bool              # the asked iterate lay outside the range and was evaluated at its end
+    y: list[float]             # (3,) the smoothed neck x, neck y, flap ȳ, m
+    J: list[list[float]]       # (3, k) the smoothed Jacobian J̄ over ``names``, m per unit log-parameter
+    new_runs: int              # lattice points this evaluation ran (none had run before)
+    effective_runs: float      # 1/Σ w² (fitting.smoothing.effective_runs)
+    wall_s: float              # the evaluation, its runs included, s
+    nodes: list[NodeRecord]    # the lattice points of non-zero weight, in the weights' order
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def _node_task(args):
@@ -97,14 +144,15 @@ class BagRestProblem:
         names: the fitted parameters (a subset of BAG_NAMES; the lattice spans these only,
             the others stay at their film defaults).
         start: the state file every forward run starts from.
-        out: folder for the nodes' run folders (:func:`fitting.bag_nodes.node_folder`; a node
+        out: folder for the nodes' run folders (:class:`fitting.bag_nodes.NodeCache`; a node
             met again, in this fit or an earlier one with the same ``out``, reuses its finished
             run).
         step: the lattice step h in log-parameter space; the lattice is z₀ + j h, z₀ the
             film defaults' logs.
         bounds: {name: (lo, hi)} in the parameters' units (default DEFAULT_RANGE × film
             default); an iterate outside is evaluated at the range's end (its record says
-            ``clipped``), and :func:`fitting.uncertainty.reach_message` reads the records.
+            ``clipped``), and :func:`fitting.uncertainty.reach_message` reads the records
+            (:class:`EvaluationRecord`).
         workers: worker processes for the runs (default: the machine's cores).
         until: end time of the forward runs (default: the protocol's end).
         audit_every: audit every n-th step's frame for self-intersection.
@@ -129,6 +177,7 @@ class BagRestProblem:
         if not os.path.exists(start):
             raise FileNotFoundError(f"bag fit start state {start}: no such file")
         self.names, self.start, self.out, self.step = names, start, out, float(step)
+        self.cache = NodeCache(start, out)  # the nodes' run folders, by the start file's digest
         self.until, self.audit_every, self.estimator = until, int(audit_every), estimator
         d0 = Params.film_defaults()
         self.bounds = {n: tuple(float(getattr(d0, n)) * f for f in DEFAULT_RANGE) for n in names}
@@ -138,7 +187,7 @@ class BagRestProblem:
         self.workers = max(1, int(workers or os.cpu_count() or 1))
         self._pool = None
         self.nodes: dict = {}             # lattice index (tuple over names) -> NodeResult
-        self.records: list = []           # one dict per evaluation: z, y, J, nodes
+        self.records: list[EvaluationRecord] = []  # one per evaluation
         self.evaluations, self.runs, self.run_s = 0, 0, 0.0
 
     # the pool lives as long as the problem: each worker compiles the step once
@@ -161,8 +210,7 @@ class BagRestProblem:
             pass
 
     def _task(self, zfull):
-        return (self.start, zfull, os.path.join(self.out, node_folder(zfull, self.start)), self.until,
-                self.audit_every)
+        return self.start, zfull, self.cache.folder(zfull), self.until, self.audit_every
 
     def lattice_z(self, index) -> np.ndarray:
         """z over BAG_NAMES of the lattice point ``index`` (over ``names``)."""
@@ -218,14 +266,10 @@ class BagRestProblem:
         if self.estimator == "rest":
             for nd in nodes:
                 check_rest(nd)
-        y, J = lattice_smooth(nodes, w, dw, self.names, self.step, self.estimator)
-        self.records.append(dict(z=z.tolist(), params={n: math.exp(v) for n, v in zip(self.names, z)},
-                                 clipped=bool(np.any(z != z_asked)), y=y.tolist(), J=J.tolist(),
-                                 new_runs=len(missing), effective_runs=effective_runs(w),
-                                 wall_s=time.perf_counter() - t0,
-                                 nodes=[dict(index=list(k), weight=float(wk),
-                                             params=dict(zip(BAG_NAMES, np.exp(nd.z).tolist())), y=nd.y.tolist(),
-                                             J_rest=nd.J.tolist(), residual_ratio=nd.residual_ratio,
-                                             max_speed_m_s=nd.max_speed, wall_s=nd.wall_s, run_dir=nd.run_dir)
-                                        for k, wk, nd in zip(keys, w, nodes)]))
+        Y, J_rest = np.stack([nd.y for nd in nodes]), np.stack([nd.J for nd in nodes])   # (n, 3), (n, 3, 3)
+        y, J = lattice_smooth(Y, w, dw, self.names, self.step, J_rest=J_rest, estimator=self.estimator)
+        self.records.append(EvaluationRecord(
+            z=z.tolist(), params={n: math.exp(v) for n, v in zip(self.names, z)}, clipped=bool(np.any(z != z_asked)),
+            y=y.tolist(), J=J.tolist(), new_runs=len(missing), effective_runs=effective_runs(w),
+            wall_s=time.perf_counter() - t0, nodes=[NodeRecord.of(k, wk, nd) for k, wk, nd in zip(keys, w, nodes)]))
         return Evaluation(y, J, time.perf_counter() - t0)

@@ -113,7 +113,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     try:
         if synthetic:
             targets = problem(to_z(names, known), known).y
-            record["synthetic_evaluation"] = problem.records.pop()
+            record["synthetic_evaluation"] = problem.records.pop().to_json()
         record.update(synthetic=synthetic, target_m=dict(zip(SHAPE_ROWS, map(float, targets))))
         if options.start_value is not None:
             starts = {names[0]: options.start_value}
@@ -127,14 +127,14 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     except (NodeFailed, FitFailed) as e:
         failed = str(e)
     recs = problem.records
-    record["iterates"] = recs
+    record["iterates"] = [r.to_json() for r in recs]
     t_mm = None if targets is None else np.asarray(targets) * 1e3
-    loss = lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t_mm) ** 2))
+    loss = lambda r: float(np.sum((np.asarray(r.y) * 1e3 - t_mm) ** 2))
     best = min(recs, key=loss) if recs else None
     try:
         if best is not None and not failed:
-            nd = problem.run(np.asarray(best["z"]))   # the fitted value's own run
-            fitted_run = dict(params=best["params"], y_mm=(nd.y * 1e3).tolist(), run_dir=nd.run_dir,
+            nd = problem.run(np.asarray(best.z))   # the fitted value's own run
+            fitted_run = dict(params=best.params, y_mm=(nd.y * 1e3).tolist(), run_dir=nd.run_dir,
                               loss_mm2=float(np.sum((nd.y * 1e3 - t_mm) ** 2)), wall_s=nd.wall_s)
             tr = read_npz(os.path.join(nd.run_dir, "trajectory.npz"), "fitted run trajectory")
             last = Trajectory(tr["film"][-1:], tr["spheres"][-1:], tr["faces"], tr["time"][-1:])
@@ -144,20 +144,20 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     finally:
         problem.close()
     if best is not None:
-        J = np.asarray(best["J"]) * 1e3
-        w = np.asarray([nd["weight"] for nd in best["nodes"]])
-        J_rest = np.tensordot(w, np.asarray([nd["J_rest"] for nd in best["nodes"]]), axes=1) * 1e3
+        J = np.asarray(best.J) * 1e3
+        w = np.asarray([nd.weight for nd in best.nodes])
+        J_rest = np.tensordot(w, np.asarray([nd.J_rest for nd in best.nodes]), axes=1) * 1e3
         outside = reach_message(names, problem.bounds, recs, targets)
         record.update(
-            best=dict(params=best["params"], y_mm=(np.asarray(best["y"]) * 1e3).tolist(), loss_mm2=loss(best)),
+            best=dict(params=best.params, y_mm=(np.asarray(best.y) * 1e3).tolist(), loss_mm2=loss(best)),
             fitted_run=fitted_run,
             jacobian_mm_per_log=dict(rows=list(SHAPE_ROWS), cols=list(names), J=J.tolist()),
-            interval_1sigma=interval(J, names, best["params"], options.noise_mm),
+            interval_1sigma=interval(J, names, best.params, options.noise_mm),
             identifiability=dict(smoothed=identifiability(J, names, options.noise_mm),
                                  rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
-            model_scatter=scatter_budget(J, names, best["params"], options.model_scatter_mm or MODEL_SCATTER_MM,
-                                         effective_runs=best["effective_runs"]))
-        history = [FitIterate(iteration=i, loss=loss(r), params=r["params"], wall_s=r["wall_s"])
+            model_scatter=scatter_budget(J, names, best.params, options.model_scatter_mm or MODEL_SCATTER_MM,
+                                         effective_runs=best.effective_runs))
+        history = [FitIterate(iteration=i, loss=loss(r), params=r.params, wall_s=r.wall_s)
                    for i, r in enumerate(recs)]
         try:
             plot_history(FitResult(None, history, False), os.path.join(out, "fit.png"))
@@ -165,7 +165,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             pass
     record.update(converged=bool(result.converged) if result is not None else False, failed=failed,
                   outside_reach=outside,
-                  fitted=None if (failed or outside or not recs) else dict(best["params"]),
+                  fitted=None if (failed or outside or not recs) else dict(best.params),
                   evaluations=problem.evaluations, runs=problem.runs,
                   seconds_per_evaluation=problem.run_s / problem.evaluations if problem.evaluations else None,
                   wall_s=time.perf_counter() - t_start, cpus=os.cpu_count(), load_average=list(os.getloadavg()))

@@ -65,23 +65,30 @@ def lattice_support(u) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(index, np.int64), np.asarray(w), np.asarray(dw)
 
 
-def lattice_smooth(nodes, w, dw, names, step, estimator="spline"):
+def lattice_smooth(Y, w, dw, names, step, *, J_rest=None, estimator="spline"):
     """ȳ (m,) = Σ_j w_j y_j and J̄ (m, len(names)): per column the derivative of ȳ,
     Σ_j y_j ∂w_j/∂zᵢ = Σ_j y_j (∂w_j/∂uᵢ)/h, or (``estimator="rest"``) the weighted mean
     Σ_j w_j ∂y_j/∂zᵢ of the nodes' rest-state derivatives, except for PATH_ONLY parameters.
 
-    ``nodes`` are the :class:`fitting.bag_nodes.NodeResult` at the lattice points of ``w`` (weights) and
-    ``dw`` (their gradients in lattice steps; :func:`lattice_support`); ``step`` = h.
+    Args:
+        Y: (n, m) the measurements y_j of the n lattice points of ``w``, one row each.
+        w: (n,) their weights; dw: (n, len(names)) their gradients in lattice steps
+            (:func:`lattice_support`).
+        names: the parameters of the columns of J̄ (of BAG_NAMES); ``step`` = h.
+        J_rest: (n, m, len(BAG_NAMES)) the nodes' rest-state derivatives ∂y_j/∂z over
+            BAG_NAMES, in the rows' order; only the "rest" estimator reads them (and needs them).
     """
-    Y = np.stack([nd.y for nd in nodes])                        # (n, m)
-    w, dw = np.asarray(w), np.asarray(dw).reshape(len(nodes), len(names))
+    Y = np.asarray(Y)                                            # (n, m)
+    w, dw = np.asarray(w), np.asarray(dw).reshape(Y.shape[0], len(names))
+    if estimator == "rest" and J_rest is None:
+        raise ValueError('the "rest" estimator averages the nodes\' rest-state derivatives: pass J_rest')
     y = w @ Y
     J = np.zeros((Y.shape[1], len(names)))
     for i, n in enumerate(names):
         if estimator == "spline" or n in PATH_ONLY:
             J[:, i] = dw[:, i] @ Y / step
         else:
-            J[:, i] = w @ np.stack([nd.J[:, BAG_NAMES.index(n)] for nd in nodes])
+            J[:, i] = w @ np.ascontiguousarray(np.asarray(J_rest)[:, :, BAG_NAMES.index(n)])   # (n, m)
     return y, J
 
 

@@ -88,18 +88,19 @@ def reach_message(names, bounds, records, target) -> str | None:
 
     Said when the best evaluation lies on a range end and the smoothed gradient there still
     points outward (the loss would fall beyond the range): "no E in [a, b] brings the neck
-    and flap to the targets: the closest, at E = b, is …".
+    and flap to the targets: the closest, at E = b, is …". ``records``: the evaluations'
+    :class:`fitting.bag_rest.EvaluationRecord` (``y``, ``J`` and ``params`` read).
     """
     if not records:
         return None
     t = np.asarray(target) * 1e3
-    best = min(records, key=lambda r: float(np.sum((np.asarray(r["y"]) * 1e3 - t) ** 2)))
-    y = np.asarray(best["y"]) * 1e3
-    g = 2.0 * (np.asarray(best["J"]) * 1e3).T @ (y - t)      # ∇ of Σ (y − t)² in log-parameters
+    best = min(records, key=lambda r: float(np.sum((np.asarray(r.y) * 1e3 - t) ** 2)))
+    y = np.asarray(best.y) * 1e3
+    g = 2.0 * (np.asarray(best.J) * 1e3).T @ (y - t)      # ∇ of Σ (y − t)² in log-parameters
     outward = []
     for i, n in enumerate(names):
         lo, hi = bounds[n]
-        v = best["params"][n]
+        v = best.params[n]
         near_lo, near_hi = v <= lo * 1.25, v >= hi / 1.25   # within one smoothing width (×1.25) of an end
         if (near_lo and g[i] > 0) or (near_hi and g[i] < 0):
             outward.append((n, lo, hi, v))

@@ -193,20 +193,20 @@ def test_lattice_smooth_of_a_line_is_the_line_and_its_slope():
     idx, w, dw = sm.lattice_support([z / h])
     for name in ("youngs_modulus", "friction"):
         k = NAMES.index(name)
-        nodes = []
-        for j in idx[:, 0]:
-            J = np.zeros((3, 3)); J[:, k] = b
-            zz = np.zeros(3); zz[k] = j * h
-            nodes.append(_node(zz, a + b * j * h, J))
-        ybar, Js = sm.lattice_smooth(nodes, w, dw, (name,), h, "spline")
+        Y = np.stack([a + b * j * h for j in idx[:, 0]])           # (n, 3)
+        J_rest = np.zeros((len(Y), 3, 3)); J_rest[:, :, k] = b        # (n, 3, 3) over BAG_NAMES
+        ybar, Js = sm.lattice_smooth(Y, w, dw, (name,), h, J_rest=J_rest, estimator="spline")
         np.testing.assert_allclose(ybar, a + b * z, rtol=1e-12)
         np.testing.assert_allclose(Js[:, 0], b, rtol=1e-10)
-        _, Jr = sm.lattice_smooth(nodes, w, dw, (name,), h, "rest")
+        _, Jr = sm.lattice_smooth(Y, w, dw, (name,), h, J_rest=J_rest, estimator="rest")
         np.testing.assert_allclose(Jr[:, 0], b, rtol=1e-10)
     # a node derivative that disagrees with the values shows in "rest", not in "spline"
-    nodes = [_node(np.zeros(3), a + b * j * h, np.full((3, 3), 9.0)) for j in idx[:, 0]]
-    assert np.allclose(sm.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h, "rest")[1], 9.0)
-    np.testing.assert_allclose(sm.lattice_smooth(nodes, w, dw, ("friction",), h, "rest")[1][:, 0], b, rtol=1e-10)
+    Y, J_rest = np.stack([a + b * j * h for j in idx[:, 0]]), np.full((len(idx), 3, 3), 9.0)
+    assert np.allclose(sm.lattice_smooth(Y, w, dw, ("youngs_modulus",), h, J_rest=J_rest, estimator="rest")[1], 9.0)
+    np.testing.assert_allclose(sm.lattice_smooth(Y, w, dw, ("friction",), h, J_rest=J_rest, estimator="rest")[1][:, 0],
+                               b, rtol=1e-10)
+    with pytest.raises(ValueError, match="pass J_rest"):
+        sm.lattice_smooth(Y, w, dw, ("youngs_modulus",), h, estimator="rest")
 
 
 def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
@@ -217,8 +217,8 @@ def test_lattice_smooth_turns_a_jump_into_a_smooth_ramp():
 
     def ybar_J(z):
         idx, w, dw = sm.lattice_support([z / h])
-        nodes = [_node(np.zeros(3), np.full(3, float(j >= 1))) for j in idx[:, 0]]
-        return sm.lattice_smooth(nodes, w, dw, ("youngs_modulus",), h)
+        Y = np.stack([np.full(3, float(j >= 1)) for j in idx[:, 0]])
+        return sm.lattice_smooth(Y, w, dw, ("youngs_modulus",), h)
 
     assert ybar_J(-1.0 * h)[0][0] == 0.0 and ybar_J(2.0 * h)[0][0] == pytest.approx(1.0, abs=1e-15)
     zs = np.linspace(-0.99 * h, 1.99 * h, 81)   # the ramp: the nodes 0 and 1 both in the support
@@ -276,7 +276,8 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
 
 
 def _record(value, y, J):
-    return dict(params={"youngs_modulus": value}, y=list(y), J=[[j] for j in J], z=[math.log(value)])
+    return br.EvaluationRecord(z=[math.log(value)], params={"youngs_modulus": value}, clipped=False, y=list(y),
+                               J=[[j] for j in J], new_runs=0, effective_runs=2.0, wall_s=0.0, nodes=[])
 
 
 def test_reach_message_names_the_range_when_the_loss_falls_outward_at_its_end():
@@ -305,6 +306,82 @@ def test_problem_refuses_bad_settings_before_running(tmp_path):
         br.BagRestProblem(("youngs_modulus",), br.DEFAULT_START, str(tmp_path), estimator="stein")
     with pytest.raises(FileNotFoundError, match="no such file"):
         br.BagRestProblem(("youngs_modulus",), str(tmp_path / "none.npz"), str(tmp_path))
+
+
+def test_node_cache_names_a_nodes_folder_by_the_start_files_digest_and_the_values(tmp_path, monkeypatch):
+    """node_<first 10 hex digits of the start file's SHA-256>_ and each of BAG_NAMES as
+    {n}={v:.9g}: the names run folders had before NodeCache, so caches stay valid. The
+    digest is taken once, when the cache is made; another start file gives other folders.
+    The problem runs its nodes in its cache's folders."""
+    import hashlib
+
+    start = tmp_path / "start.npz"
+    start.write_bytes(b"a start state")
+    digest = hashlib.sha256(b"a start state").hexdigest()[:10]
+    cache = bag_nodes.NodeCache(str(start), str(tmp_path / "nodes"))
+    assert cache.digest == digest
+    z = np.log([315e6, 0.35, 1.0])
+    assert cache.folder(z) == str(tmp_path / "nodes" / f"node_{digest}_youngs_modulus=315000000_friction=0.35_"
+                                                        "bending_scale=1")
+    z = z + np.array([0.198, -0.4, 1.1])
+    old = f"node_{digest}_" + "_".join(f"{n}={v:.9g}" for n, v in zip(NAMES, np.exp(z)))
+    assert cache.folder(z) == os.path.join(str(tmp_path / "nodes"), old)
+    start.write_bytes(b"another start state")
+    assert cache.folder(z) == os.path.join(str(tmp_path / "nodes"), old)       # taken once
+    other = bag_nodes.NodeCache(str(start), str(tmp_path / "nodes"))
+    assert other.digest == hashlib.sha256(b"another start state").hexdigest()[:10] != digest
+    assert other.folder(z) != cache.folder(z)
+    outs = []
+    monkeypatch.setattr(br, "_node_task", lambda task: (outs.append(task[2]), _node(task[1], np.zeros(3)))[1])
+    pb = br.BagRestProblem(("youngs_modulus",), str(start), str(tmp_path / "nodes"), workers=1)
+    pb.run(np.array([z[0]]))
+    assert outs == [other.folder(np.r_[z[0], np.log([0.35, 1.0])])]
+
+
+def test_node_cache_reuses_a_run_only_if_it_finished_with_the_same_params_and_end(tmp_path):
+    import json
+
+    run = tmp_path / "node"
+    run.mkdir()
+    p = Params.film_defaults(youngs_modulus=400e6)
+    finished = lambda params=p, t_end=10.5: bag_nodes.NodeCache.finished(str(run), params, t_end)
+    assert finished() is None                                             # no summary.json
+    (run / "summary.json").write_text("{half a summary")
+    assert finished() is None
+    summary = dict(params={n: float(getattr(p, n)) for n in NAMES}, simulated_s=10.5, failure=None)
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert finished() == summary and finished(t_end=10.5 + 5e-7) == summary
+    assert finished(t_end=10.5 + 2e-6) is None and finished(t_end=8.4) is None
+    assert finished(p._replace(youngs_modulus=400e6 * (1 + 1e-9))) is None
+    assert finished(Params.film_defaults(youngs_modulus=400e6, friction=0.3)) is None
+    (run / "summary.json").write_text(json.dumps(dict(summary, failure=dict(reason="step failed", time_s=9.0))))
+    assert finished() is None
+
+
+def test_evaluation_record_writes_the_dict_fit_json_has():
+    """EvaluationRecord.to_json(): fit.json's iterate, its keys in this order, the nodes'
+    records as dicts in theirs, every value as the problem recorded it."""
+    import json
+
+    nd = dataclasses.replace(_node(np.log([400e6, 0.35, 1.0]), [0.04, 0.041, 0.015], np.eye(3) * 1e-3,
+                                   residual_ratio=1e-3), max_speed=2e-3, wall_s=3.5, run_dir="nodes/x")
+    node = br.NodeRecord.of((2,), np.float64(0.25), nd)
+    rec = br.EvaluationRecord(z=[math.log(400e6)], params={"youngs_modulus": 400e6}, clipped=False,
+                              y=[0.04, 0.041, 0.015], J=[[0.01], [0.0], [0.0]], new_runs=4, effective_runs=2.1,
+                              wall_s=7.0, nodes=[node])
+    d = rec.to_json()
+    assert list(d) == ["z", "params", "clipped", "y", "J", "new_runs", "effective_runs", "wall_s", "nodes"]
+    assert d == dict(z=[math.log(400e6)], params={"youngs_modulus": 400e6}, clipped=False, y=[0.04, 0.041, 0.015],
+                     J=[[0.01], [0.0], [0.0]], new_runs=4, effective_runs=2.1, wall_s=7.0, nodes=[d["nodes"][0]])
+    n = d["nodes"][0]
+    assert list(n) == ["index", "weight", "params", "y", "J_rest", "residual_ratio", "max_speed_m_s", "wall_s",
+                       "run_dir"]
+    assert n == dict(index=[2], weight=0.25, params=dict(zip(NAMES, np.exp(nd.z).tolist())), y=[0.04, 0.041, 0.015],
+                     J_rest=(np.eye(3) * 1e-3).tolist(), residual_ratio=1e-3, max_speed_m_s=2e-3, wall_s=3.5,
+                     run_dir="nodes/x")
+    assert type(n["weight"]) is float and json.loads(json.dumps(d)) == d
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.y = [0.0, 0.0, 0.0]
 
 
 def _linear_nodes(monkeypatch, seen, slope=(0.01, 0.0, 0.0), col=0):
@@ -338,12 +415,12 @@ def test_problem_runs_each_lattice_point_once_and_evaluates_past_its_range_at_th
     np.testing.assert_allclose(ev.y, [0.04 + 0.01 * (z - d[0]), 0.04, 0.015], rtol=1e-12)
     np.testing.assert_allclose(ev.J[:, 0], [0.01, 0.0, 0.0], atol=1e-12)
     rec = pb.records[0]
-    assert rec["params"]["youngs_modulus"] == pytest.approx(400e6) and not rec["clipped"]
-    assert rec["new_runs"] == 4 and len(rec["nodes"]) == 4 and sum(n["weight"] for n in rec["nodes"]) == pytest.approx(1)
+    assert rec.params["youngs_modulus"] == pytest.approx(400e6) and not rec.clipped
+    assert rec.new_runs == 4 and len(rec.nodes) == 4 and sum(n.weight for n in rec.nodes) == pytest.approx(1)
     pb(np.array([z + 0.2 * h]), None)   # the same cell: nothing new runs
-    assert len(seen) == 4 and pb.records[1]["new_runs"] == 0 and pb.runs == 4
+    assert len(seen) == 4 and pb.records[1].new_runs == 0 and pb.runs == 4
     pb(np.array([math.log(2e9)]), None)                                     # the range ends at 4 × 315 MPa
-    assert pb.records[2]["clipped"] and pb.records[2]["params"]["youngs_modulus"] == pytest.approx(1260e6)
+    assert pb.records[2].clipped and pb.records[2].params["youngs_modulus"] == pytest.approx(1260e6)
     assert max(s_[0] for s_ in seen) == pytest.approx(d[0] + (math.floor((math.log(1260e6) - d[0]) / h) + 2) * h)
     nd = pb.run(np.array([z]))                                              # the fitted value's own run, off the lattice
     assert nd.z[0] == pytest.approx(z) and pb.runs == len(seen)

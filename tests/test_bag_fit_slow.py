@@ -82,13 +82,13 @@ def test_smoothed_gradient_matches_central_differences_of_the_smoothed_loss(latt
           f"{cd:+.6f} mm² per unit log E (ratio {g / cd:.8f})")
     assert abs(g) > 1.0 and abs(cd) > 1.0      # mm² per unit log E: E moves the smoothed loss
     assert g == pytest.approx(cd, rel=1e-6)
-    assert all(r["new_runs"] == 0 for r in lattice.records[-2:])   # z ± δ ran nothing new
+    assert all(r.new_runs == 0 for r in lattice.records[-2:])   # z ± δ ran nothing new
 
 
 def test_ipcjax_fit_bag_writes_the_run_folder(lattice, tmp_path):
     """Two evaluations from the film default; the nodes folder is the module's, so the
     lattice runs the tests above made are reused (a fit reuses any finished run of the
-    same start and parameters: fitting.bag_nodes.node_folder)."""
+    same start and parameters: fitting.bag_nodes.NodeCache)."""
     from jobs.cli import main
 
     out = tmp_path / "fit"
