@@ -74,20 +74,25 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     Args:
         out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
             the measurement noise, identifiability, what the model's own scatter allows
-            (:func:`fitting.uncertainty.scatter_budget`), the fitted run, the reach message if
-            any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
+            (:func:`fitting.uncertainty.scatter_budget`), the goodness of fit against the
+            tape noise and that scatter (:func:`fitting.uncertainty.goodness_of_fit`), the
+            fitted run, the reach message if any and ``misfit``, the measurements the model
+            does not reach, if any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
             ``nodes/`` (each run's folder).
         targets: measured (neck x, neck y, flap) in m; None: synthetic, the smoothed
             measurements at the film defaults (one more evaluation).
     Returns:
         the contents of fit.json. ``fitted`` is None when the answer lies outside the
-        model's reach (``outside_reach`` says why) or the fit failed (``failed``).
+        model's reach (``outside_reach`` says why) or the fit failed (``failed``). A
+        ``misfit`` keeps ``fitted`` (the best compromise) and says which measurement
+        stays ``MISFIT_SIGMAS`` σ or more from its target, and by how much.
     """
     from fitting import bag_rest as br
     from fitting.bag_nodes import NodeFailed
     from fitting.fit import FitIterate, FitResult
     from fitting.rest_derivative import BAG_NAMES
-    from fitting.uncertainty import MODEL_SCATTER_MM, identifiability, interval, reach_message, scatter_budget
+    from fitting.uncertainty import (MODEL_SCATTER_MM, goodness_of_fit, identifiability, interval, misfit_message,
+                                     reach_message, scatter_budget)
     from ipcjax.model import Params
     from ipcjax.runfolder import Trajectory, read_npz
     from scenes.bag import SPHERE_RADII
@@ -109,7 +114,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
                   bounds={n: list(problem.bounds[n]) for n in names},
                   known_params={n: float(getattr(known, n)) for n in BAG_NAMES})
     synthetic = targets is None
-    result, failed, outside, fitted_run = None, None, None, None
+    result, failed, outside, misfit, fitted_run = None, None, None, None, None
     try:
         if synthetic:
             targets = problem(to_z(names, known), known).y
@@ -156,7 +161,11 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             identifiability=dict(smoothed=identifiability(J, names, options.noise_mm),
                                  rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
             model_scatter=scatter_budget(J, names, best.params, options.model_scatter_mm or MODEL_SCATTER_MM,
-                                         effective_runs=best.effective_runs))
+                                         effective_runs=best.effective_runs),
+            goodness_of_fit=goodness_of_fit(np.asarray(best.y) * 1e3, t_mm, len(names), options.noise_mm,
+                                            options.model_scatter_mm or MODEL_SCATTER_MM,
+                                            effective_runs=best.effective_runs))
+        misfit = misfit_message(record["goodness_of_fit"])
         history = [FitIterate(iteration=i, loss=loss(r), params=r.params, wall_s=r.wall_s)
                    for i, r in enumerate(recs)]
         try:
@@ -164,7 +173,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         except ImportError:
             pass
     record.update(converged=bool(result.converged) if result is not None else False, failed=failed,
-                  outside_reach=outside,
+                  outside_reach=outside, misfit=misfit,
                   fitted=None if (failed or outside or not recs) else dict(best.params),
                   evaluations=problem.evaluations, runs=problem.runs,
                   seconds_per_evaluation=problem.run_s / problem.evaluations if problem.evaluations else None,

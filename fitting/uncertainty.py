@@ -1,6 +1,7 @@
 """What a bag fit's answer is worth: its 1σ interval for the measurement noise, what the
-model's own scatter allows, which parameters the measurements see, and whether the answer
-lies inside the parameter range."""
+model's own scatter allows, which parameters the measurements see, whether the answer
+lies inside the parameter range, and whether the model reaches the measurements at all
+(the goodness of fit)."""
 from __future__ import annotations
 
 import math
@@ -81,6 +82,56 @@ def identifiability(J_mm, names, noise_mm: float) -> dict:
                 weakest_direction=dict(zip(names, Vt[-1].tolist())),
                 sensitivity_mm_per_log=dict(zip(names, col.tolist())),
                 below_noise=[n for n, c in zip(names, col) if c < noise_mm])
+
+
+#: A fitted measurement this many standard deviations (tape noise and the model's scatter
+#: together, :func:`goodness_of_fit`) or more from its target is one the model does not
+#: reach: the fit says so, in fit.json and on stderr.
+MISFIT_SIGMAS = 3.0
+SHAPE_NAMES = ("neck x", "neck y", "flap")
+
+
+def goodness_of_fit(y_mm, target_mm, n_params: int, noise_mm, scatter_mm, *, effective_runs: float) -> dict:
+    """How far the fitted measurements lie from the targets, against what could explain it.
+
+    Each measurement's standard deviation combines the tape noise ``noise_mm`` and the
+    model's scatter as the smoothed measurements carry it, ``scatter_mm`` / √effective_runs
+    (:func:`scatter_budget`), as independent: σᵢ = √(noiseᵢ² + scatterᵢ²/effective_runs).
+    Returns per measurement (``SHAPE_NAMES``) the residual y − t and σ in mm and their ratio
+    ``sigmas``; χ² = Σ (rᵢ/σᵢ)², its degrees of freedom m − k (``n_params`` = k fitted) and
+    χ²/dof (None when dof = 0: as many parameters as measurements, the fit can always pass
+    through them); and ``unreached``: the measurements at ``MISFIT_SIGMAS`` σ or more.
+    """
+    y, t = np.asarray(y_mm, np.float64), np.asarray(target_mm, np.float64)
+    m = y.shape[0]
+    noise = np.broadcast_to(np.asarray(noise_mm, np.float64), (m,))
+    scatter = np.broadcast_to(np.asarray(scatter_mm, np.float64), (m,))
+    if not (np.isfinite(effective_runs) and effective_runs > 0):
+        raise ValueError(f"effective_runs must be > 0; got {effective_runs}")
+    sigma = np.sqrt(noise**2 + scatter**2 / effective_runs)
+    r = y - t
+    z = r / sigma
+    chi2, dof = float(np.sum(z**2)), m - int(n_params)
+    per = {name: dict(fitted_mm=float(yi), target_mm=float(ti), residual_mm=float(ri), sigma_mm=float(si),
+                      sigmas=float(zi))
+           for name, yi, ti, ri, si, zi in zip(SHAPE_NAMES, y, t, r, sigma, z)}
+    return dict(measurements=per, chi2=chi2, dof=dof, chi2_per_dof=chi2 / dof if dof > 0 else None,
+                noise_mm=noise.tolist(), scatter_mm=scatter.tolist(), effective_runs=float(effective_runs),
+                unreached=[n for n, zi in zip(SHAPE_NAMES, z) if abs(zi) >= MISFIT_SIGMAS])
+
+
+def misfit_message(fit: dict) -> str | None:
+    """The plain sentence for a :func:`goodness_of_fit` with unreached measurements, else None."""
+    if not fit["unreached"]:
+        return None
+    parts = []
+    for name in fit["unreached"]:
+        d = fit["measurements"][name]
+        parts.append(f"the {name}: fitted {d['fitted_mm']:.2f} mm against {d['target_mm']:.2f} mm, "
+                     f"{d['residual_mm']:+.2f} mm, {abs(d['sigmas']):.1f} σ (σ = {d['sigma_mm']:.2f} mm)")
+    chi = "" if fit["chi2_per_dof"] is None else f"; χ²/dof = {fit['chi2_per_dof']:.3g} over {fit['dof']} dof"
+    return ("the model does not reach " + "; ".join(parts) + f" (σ: tape noise and the model's own scatter, "
+            f"{MISFIT_SIGMAS:g} σ or more is beyond both{chi}); the fitted value is the best compromise, not a match")
 
 
 def reach_message(names, bounds, records, target) -> str | None:

@@ -82,7 +82,7 @@ def bag_rest_job(args, error) -> int:
     options.check()
     record = bag_rest_fit.fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
-    for what in ("failed", "outside_reach"):
+    for what in ("failed", "outside_reach", "misfit"):  # misfit: said, and the fitted value kept (status 0)
         if record[what]:
             print(f"fit: {record[what]}", file=sys.stderr)
     return 0 if record["fitted"] is not None else 1

@@ -482,3 +482,70 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     assert fr["params"] == rec["fitted"] and fr["loss_mm2"] < 1e-3
     np.testing.assert_allclose(fr["y_mm"], rec["best"]["y_mm"], atol=1e-3)   # a line: the run is the smoothing
     assert (out / "fit.png").exists() and len(list((out / "mesh").glob("fitted_*.vtu"))) == 1
+    gof = rec["goodness_of_fit"]   # synthetic targets: reached, χ² near zero over 3 − 1 dof
+    assert gof["dof"] == 2 and gof["chi2"] < 1e-3 and gof["unreached"] == [] and rec["misfit"] is None
+
+
+def _fake_fit(tmp_path, monkeypatch, targets, slope, **options):
+    """fit_bag_rest on fake nodes whose rest shape is linear in log E, y = (40, 40, 15) mm
+    at 315 MPa plus ``slope`` (m per unit log E) times the distance in log E."""
+    from fitting import bag_rest_fit
+    from ipcjax.runfolder import Trajectory, write_trajectory
+    from scenes.bag import SPHERE_RADII
+
+    z0 = math.log(315e6)
+
+    def fake(task):
+        start, z, out, until, audit_every = task
+        os.makedirs(out, exist_ok=True)
+        write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
+            np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
+        return dataclasses.replace(_node(z, np.array([0.04, 0.04, 0.015]) + slope * (z[0] - z0)), run_dir=out)
+
+    monkeypatch.setattr(br, "_node_task", fake)
+    return bag_rest_fit.fit_bag_rest(str(tmp_path / "fit"), targets, bag_rest_fit.BagFitOptions(
+        iterations=8, workers=1, progress=False, **options))
+
+
+def test_a_flap_the_model_cannot_reach_is_said_with_its_distance(tmp_path, monkeypatch):
+    """Targets whose flap lies 10 mm above what any E gives (the necks at 315 MPa): the fit
+    keeps its best compromise, and fit.json's goodness of fit and ``misfit`` name the flap,
+    its residual and how many σ of tape noise and model scatter that is; the necks, within
+    their σ, are not named."""
+    import json
+
+    slope = np.array([0.015, 0.012, -0.002])
+    rec = _fake_fit(tmp_path, monkeypatch, (0.04, 0.04, 0.025), slope)
+    assert rec["fitted"] is not None and not rec["failed"] and not rec["outside_reach"]
+    gof = rec["goodness_of_fit"]
+    flap = gof["measurements"]["flap"]
+    assert gof["unreached"] == ["flap"] and gof["dof"] == 2
+    # the best compromise in log E minimises (15d)² + (12d)² + (−10 − 2d)² (mm, slopes in mm
+    # per log E): d = −2·10/(15² + 12² + 2²), a softer film to lift the flap; flap ≈ −9.89 mm
+    d = -20.0 / (15.0**2 + 12.0**2 + 2.0**2)
+    assert flap["residual_mm"] == pytest.approx(-10.0 - 2.0 * d, abs=0.05)
+    k = gof["effective_runs"]
+    assert flap["sigma_mm"] == pytest.approx(math.sqrt(0.5**2 + unc.MODEL_SCATTER_MM[2] ** 2 / k), rel=1e-12)
+    assert flap["sigmas"] == pytest.approx(flap["residual_mm"] / flap["sigma_mm"], rel=1e-12)
+    assert gof["chi2"] == pytest.approx(sum(m["sigmas"] ** 2 for m in gof["measurements"].values()), rel=1e-12)
+    assert gof["chi2_per_dof"] == pytest.approx(gof["chi2"] / 2, rel=1e-12) and gof["chi2_per_dof"] > 50
+    said = rec["misfit"]
+    assert said.startswith("the model does not reach the flap: fitted ") and "neck" not in said.split("(σ")[0]
+    assert f"{flap['residual_mm']:+.2f} mm" in said and f"{abs(flap['sigmas']):.1f} σ" in said
+    assert json.loads((tmp_path / "fit" / "fit.json").read_text())["misfit"] == said
+
+
+def test_goodness_of_fit_by_hand():
+    """χ² against σᵢ = √(noise² + scatterᵢ²/K), per measurement and over m − k dof; none
+    when the fit has as many parameters as measurements."""
+    gof = unc.goodness_of_fit([41.0, 40.0, 12.0], [40.0, 40.0, 15.0], 1, 0.5, (1.2, 2.0, 0.8), effective_runs=4.0)
+    s = [math.sqrt(0.25 + 1.44 / 4), math.sqrt(0.25 + 1.0), math.sqrt(0.25 + 0.16)]
+    z = [1.0 / s[0], 0.0, -3.0 / s[2]]
+    assert [gof["measurements"][n]["sigma_mm"] for n in unc.SHAPE_NAMES] == pytest.approx(s, rel=1e-12)
+    assert [gof["measurements"][n]["sigmas"] for n in unc.SHAPE_NAMES] == pytest.approx(z, rel=1e-12)
+    assert gof["chi2"] == pytest.approx(sum(v * v for v in z), rel=1e-12) and gof["dof"] == 2
+    assert gof["unreached"] == ["flap"]          # 3/0.64 = 4.7 σ; neck x 1/0.78 = 1.3 σ
+    assert unc.goodness_of_fit([1.0, 2.0, 3.0], [1.0, 2.0, 3.5], 3, 0.5, 1.0, effective_runs=1.0)["chi2_per_dof"] is None
+    assert unc.misfit_message(unc.goodness_of_fit([40.0] * 3, [40.0] * 3, 1, 0.5, 1.0, effective_runs=2.0)) is None
+    with pytest.raises(ValueError, match="effective_runs must be > 0"):
+        unc.goodness_of_fit([1.0] * 3, [1.0] * 3, 1, 0.5, 1.0, effective_runs=0.0)

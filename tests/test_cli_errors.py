@@ -272,7 +272,7 @@ def fits(monkeypatch):
     return calls
 
 
-FIT_RECORDS = {"fit_bag_rest": dict(fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None),
+FIT_RECORDS = {"fit_bag_rest": dict(fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=None),
                "fit_pouch": dict(fits=[]), "fit_bag_state": dict(fits=[]), "fit_cantilever": dict(fitted=1.0)}
 
 

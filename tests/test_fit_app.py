@@ -113,7 +113,7 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
 
     def fake(out, targets, options):
         seen.update(out=out, targets=targets, options=options)
-        return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …")
+        return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …", misfit=None)
 
     monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", fake)
     assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 1
@@ -125,6 +125,17 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
           "--model-scatter", "1.5,2.5,0.5"])
     assert seen["targets"] is None and seen["options"].names == ("youngs_modulus", "friction")
     assert seen["options"].model_scatter_mm == (1.5, 2.5, 0.5)
+
+
+def test_bag_fit_says_which_measurement_the_model_does_not_reach(tmp_path, monkeypatch, capsys):
+    """A fit whose best value leaves a measurement far from its target keeps the fitted
+    value (status 0) and says which measurement and by how much on stderr, as fit.json's
+    ``misfit`` does."""
+    said = "the model does not reach the flap: fitted 8.40 mm against 18.43 mm, -10.03 mm, 9.1 σ"
+    monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", lambda out, targets, options: dict(
+        fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=said))
+    assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().err.strip() == f"fit: {said}"
 
 
 @pytest.mark.parametrize("argv", [["--scene", "pouch", "--lattice-step", "0.1"], ["--synthetic"],
@@ -237,7 +248,7 @@ def test_bag_fit_takes_the_specification_in_millimetres(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", lambda out, targets, options: seen.update(targets=targets) or
-                        dict(fitted=None, failed="not run", outside_reach=None))
+                        dict(fitted=None, failed="not run", outside_reach=None, misfit=None))
     main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"),
           "--neck-x-mm", "38.83", "--neck-y-mm", "37.20", "--flap-mm", "18.43"])
     np.testing.assert_allclose(seen["targets"], SPEC_TARGETS, rtol=1e-12)
