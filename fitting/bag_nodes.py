@@ -43,6 +43,24 @@ class NodeResult:
     max_speed: float       # m/s, the fastest particle at the end
     wall_s: float
     run_dir: str
+    runs: int = 1                      # forward runs this node is the mean of (:func:`mean_node`)
+    spread: np.ndarray | None = None   # (3,) m, their sample standard deviation (None for one run)
+
+
+def mean_node(members) -> NodeResult:
+    """One node from the runs of its ensemble (member 0 the unperturbed run, the others
+    from kicked starts: :func:`run_node`'s ``perturb``): the mean of their measurements
+    and of their rest-state derivatives, their sample standard deviation (``spread``), the
+    largest residual ratio and speed, stable only if every run is, the summed wall time and
+    member 0's run folder. One member is returned as it is."""
+    members = list(members)
+    if len(members) == 1:
+        return members[0]
+    Y = np.stack([m.y for m in members])
+    return NodeResult(z=members[0].z, y=Y.mean(axis=0), J=np.stack([m.J for m in members]).mean(axis=0),
+                      residual_ratio=max(m.residual_ratio for m in members), stable=all(m.stable for m in members),
+                      max_speed=max(m.max_speed for m in members), wall_s=sum(m.wall_s for m in members),
+                      run_dir=members[0].run_dir, runs=len(members), spread=Y.std(axis=0, ddof=1))
 
 
 _WORKER: dict = {}  # per worker process: the scene and jitted rest Jacobian, built once
@@ -61,14 +79,16 @@ def _rest_jacobian_for(sc, capacity):
 
 
 def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None, audit_every: int = 6,
-             reuse: bool = False) -> NodeResult:
+             reuse: bool = False, perturb: float = 0.0, seed: int = 0) -> NodeResult:
     """Run the bag from the state ``start`` with the log-parameters z (over BAG_NAMES) to
     ``until`` (default: the protocol's end) and take the rest-state derivative there.
 
     ``reuse``: take the run in ``out`` if it finished with these parameters and end time
     (:meth:`NodeCache.finished`; a sweep or fit that continues, ``out`` then being
     :meth:`NodeCache.folder`). Whether the rest-state derivative may be used (``stable``,
-    ``residual_ratio``) is the caller's check (:func:`check_rest`).
+    ``residual_ratio``) is the caller's check (:func:`check_rest`). ``perturb``, ``seed``:
+    the start's film velocity kick (:func:`scenes.perturb.film_kick`; 0: none), for the
+    members of an ensemble (:func:`mean_node`).
 
     Raises:
         NodeFailed: a failed step, a self-intersecting audited frame, a contact query that
@@ -81,6 +101,7 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
     from ipcjax.step import check_geometry
     from scenes.bag import PROTOCOLS, bag_scene
     from scenes.bag_run import BagRunOptions, read_bag_state, run_bag
+    from scenes.perturb import describe
 
     t0 = time.perf_counter()
     known = dict(zip(BAG_NAMES, np.exp(np.asarray(z, np.float64)).tolist()))
@@ -88,11 +109,11 @@ def run_node(start: str, z: np.ndarray, out: str, *, until: float | None = None,
     rs = runfolder.read_npz(start, "--start")
     resolution, protocol = str(rs["resolution"]), str(rs["protocol"]) if "protocol" in rs.files else "full"
     t_end = PROTOCOLS[protocol].t_end if until is None else float(until)
-    s = NodeCache.finished(out, params, t_end) if reuse else None
+    s = NodeCache.finished(out, params, t_end, describe(perturb, seed)) if reuse else None
     if s is None:
         res = run_bag(BagRunOptions(out=out, resume=start, params=params, resolution=resolution, protocol=protocol,
                                     until=until, save_every=audit_every, mesh_every=0, pictures=False,
-                                    progress=False))
+                                    progress=False, perturb=perturb, seed=seed))
         s, sc, end = res.summary, res.scene, (res.state.x, res.state.v, res.state.t, res.step)
     else:  # the finished run in ``out``: its end is its state.npz
         sc = bag_scene(resolution, protocol=protocol, params=params)
@@ -142,19 +163,21 @@ class NodeCache:
 
     The folder of the node at the log-parameters z (over BAG_NAMES) is named
 
-        node_<digest>_youngs_modulus=<v>_friction=<v>_bending_scale=<v>
+        node_<digest>_youngs_modulus=<v>_friction=<v>_bending_scale=<v>[_member<j>]
 
     ``<digest>``: the first 10 hexadecimal digits (lower case) of the SHA-256 of the start
     file's bytes, computed once, when the cache is made (:attr:`digest`); a start file
     whose bytes differ gives other folders. Then, for each name of BAG_NAMES in that order,
     ``{n}={v:.9g}`` with v = exp(zᵢ) in the parameter's units (E in Pa, μf, kθ), joined by
     ``_``: nodes whose values agree to 9 significant digits share a folder (and its run
-    only under the rules below).
+    only under the rules below). ``_member<j>``: the j-th kicked run of an ensemble node
+    (j ≥ 1; member 0, the unperturbed run, has no suffix, as a node of one run).
 
     A run in a node's folder is reused (:meth:`finished`) when its ``summary.json`` reads as
     JSON, records for every name of BAG_NAMES a value within 1e-12 relative of the node's,
-    reached the end time (``simulated_s`` within 1e-6 s of it), and has no ``failure``;
-    otherwise the node runs again in that folder.
+    reached the end time (``simulated_s`` within 1e-6 s of it), records the same start kick
+    (``perturbation``, null for none) and has no ``failure``; otherwise the node runs again
+    in that folder.
     """
 
     def __init__(self, start: str, root: str):
@@ -162,16 +185,18 @@ class NodeCache:
         with open(start, "rb") as f:
             self.digest = hashlib.sha256(f.read()).hexdigest()[:10]   # of the start file, once
 
-    def folder(self, z) -> str:
-        """The run folder of the node at the log-parameters z (over BAG_NAMES)."""
+    def folder(self, z, member: int = 0) -> str:
+        """The run folder of the node at the log-parameters z (over BAG_NAMES); ``member``:
+        which run of an ensemble node (0: the unperturbed one)."""
         values = np.exp(np.asarray(z, np.float64))
-        return os.path.join(self.root, f"node_{self.digest}_" + "_".join(f"{n}={v:.9g}"
-                                                                         for n, v in zip(BAG_NAMES, values)))
+        name = f"node_{self.digest}_" + "_".join(f"{n}={v:.9g}" for n, v in zip(BAG_NAMES, values))
+        return os.path.join(self.root, name + (f"_member{int(member)}" if member else ""))
 
     @staticmethod
-    def finished(run_dir: str, params, t_end: float) -> dict | None:
+    def finished(run_dir: str, params, t_end: float, perturbation: dict | None = None) -> dict | None:
         """The summary (summary.json) of the run in ``run_dir`` if it reached ``t_end`` (s)
-        with ``params`` (a :class:`ipcjax.model.Params`; BAG_NAMES compared) and did not
+        with ``params`` (a :class:`ipcjax.model.Params`; BAG_NAMES compared) and the start
+        kick ``perturbation`` (:func:`scenes.perturb.describe`; None: none) and did not
         fail, else None (the class docstring's rules)."""
         try:
             with open(os.path.join(run_dir, "summary.json")) as f:
@@ -181,7 +206,8 @@ class NodeCache:
         same = all(math.isclose(s.get("params", {}).get(n, math.nan), float(getattr(params, n)), rel_tol=1e-12)
                    for n in BAG_NAMES)
         reached = abs(float(s.get("simulated_s", -1.0)) - t_end) < 1e-6
-        return s if same and reached and not s.get("failure") else None
+        kicked = s.get("perturbation") == perturbation
+        return s if same and reached and kicked and not s.get("failure") else None
 
 
 def full_z(names, z) -> np.ndarray:

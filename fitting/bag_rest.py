@@ -63,13 +63,15 @@ import math
 import multiprocessing as mp
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
-from fitting.bag_nodes import NodeCache, NodeResult, check_rest, full_z, run_node
+from fitting.bag_nodes import NodeCache, NodeResult, check_rest, full_z, mean_node, run_node
 from fitting.fit import Evaluation
 from fitting.rest_derivative import BAG_NAMES
 from fitting.smoothing import DEFAULT_STEP, ESTIMATORS, effective_runs, lattice_smooth, lattice_support
+from scenes.perturb import ENSEMBLE_KICK
 
 #: Default start of every forward run: the full-resolution tie checkpoint (8.40 s), package
 #: data of scenes/ (the bag's state.npz; pyproject.toml ships it with the package).
@@ -94,14 +96,17 @@ class NodeRecord:
     residual_ratio: float      # ‖G(x)‖∞ / the largest force of one energy term on one particle
     max_speed_m_s: float       # the fastest particle at the end of its run, m/s
     wall_s: float              # its run (or reading a finished one back), s
-    run_dir: str               # its run folder (fitting.bag_nodes.NodeCache.folder)
+    run_dir: str               # its run folder (fitting.bag_nodes.NodeCache.folder; member 0's)
+    runs: int                  # forward runs it is the mean of (fitting.bag_nodes.mean_node)
+    spread_m: list[float] | None  # (3,) their sample standard deviation, m (None for one run)
 
     @classmethod
     def of(cls, index, weight, node: NodeResult) -> NodeRecord:
         """The record of ``node`` at the lattice point ``index`` with the weight ``weight``."""
         return cls(index=list(index), weight=float(weight), params=dict(zip(BAG_NAMES, np.exp(node.z).tolist())),
                    y=node.y.tolist(), J_rest=node.J.tolist(), residual_ratio=node.residual_ratio,
-                   max_speed_m_s=node.max_speed, wall_s=node.wall_s, run_dir=node.run_dir)
+                   max_speed_m_s=node.max_speed, wall_s=node.wall_s, run_dir=node.run_dir, runs=node.runs,
+                   spread_m=None if node.spread is None else node.spread.tolist())
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,18 +123,31 @@ class EvaluationRecord:
     clipped: bool              # the asked iterate lay outside the range and was evaluated at its end
     y: list[float]             # (3,) the smoothed neck x, neck y, flap ȳ, m
     J: list[list[float]]       # (3, k) the smoothed Jacobian J̄ over ``names``, m per unit log-parameter
-    new_runs: int              # lattice points this evaluation ran (none had run before)
-    effective_runs: float      # 1/Σ w² (fitting.smoothing.effective_runs)
+    new_runs: int              # forward runs this evaluation made (lattice points none had run before, × K)
+    effective_runs: float      # 1/Σ w² (fitting.smoothing.effective_runs), in nodes
     wall_s: float              # the evaluation, its runs included, s
     nodes: list[NodeRecord]    # the lattice points of non-zero weight, in the weights' order
+    runs_per_node: int         # K: each node the mean of K runs (1 unperturbed, K − 1 kicked)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _node_task(args):
-    start, z, out, until, audit_every = args
-    return run_node(start, z, out, until=until, audit_every=audit_every, reuse=True)
+class NodeTask(NamedTuple):
+    """One forward run of a node, as a worker process receives it (:func:`_node_task`)."""
+
+    start: str              # the state file it starts from
+    z: np.ndarray           # (3,) log-parameters over BAG_NAMES
+    out: str                # its run folder (NodeCache.folder)
+    until: float | None     # end time, s (None: the protocol's end)
+    audit_every: int
+    perturb: float = 0.0    # rms m/s of its start's film velocity kick (0: the unperturbed member)
+    seed: int = 0           # the kick's seed: the member's number
+
+
+def _node_task(task: NodeTask):
+    return run_node(task.start, task.z, task.out, until=task.until, audit_every=task.audit_every, reuse=True,
+                    perturb=task.perturb, seed=task.seed)
 
 
 class BagRestProblem:
@@ -159,11 +177,15 @@ class BagRestProblem:
         estimator: "spline" (every column the derivative of the smoothed measurements) or
             "rest" (the weighted mean of the nodes' rest-state derivatives; the spline's for
             PATH_ONLY parameters).
+        runs_per_node: K, each lattice node the mean of K runs (:func:`fitting.bag_nodes.mean_node`):
+            the unperturbed one and K − 1 from the start with the film's velocities kicked
+            (``perturb`` m/s rms, seeds 1 … K − 1: :func:`scenes.perturb.film_kick`).
     """
 
     def __init__(self, names, start: str = DEFAULT_START, out: str = "runs/fit_bag", *, step: float = DEFAULT_STEP,
                  bounds: dict | None = None, workers: int | None = None, until: float | None = None,
-                 audit_every: int = 6, estimator: str = "spline"):
+                 audit_every: int = 6, estimator: str = "spline", runs_per_node: int = 1,
+                 perturb: float = ENSEMBLE_KICK):
         from ipcjax.model import Params
 
         names = tuple(names)
@@ -176,9 +198,14 @@ class BagRestProblem:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}")
         if not os.path.exists(start):
             raise FileNotFoundError(f"bag fit start state {start}: no such file")
+        if int(runs_per_node) != runs_per_node or runs_per_node < 1:
+            raise ValueError(f"runs_per_node must be an integer ≥ 1; got {runs_per_node}")
+        if runs_per_node > 1 and not (np.isfinite(perturb) and perturb > 0):
+            raise ValueError(f"an ensemble of {runs_per_node} runs per node needs a kick > 0 m/s; got {perturb}")
         self.names, self.start, self.out, self.step = names, start, out, float(step)
         self.cache = NodeCache(start, out)  # the nodes' run folders, by the start file's digest
         self.until, self.audit_every, self.estimator = until, int(audit_every), estimator
+        self.runs_per_node, self.perturb = int(runs_per_node), float(perturb)
         d0 = Params.film_defaults()
         self.bounds = {n: tuple(float(getattr(d0, n)) * f for f in DEFAULT_RANGE) for n in names}
         self.bounds.update(bounds or {})
@@ -209,8 +236,10 @@ class BagRestProblem:
         except Exception:
             pass
 
-    def _task(self, zfull):
-        return self.start, zfull, self.cache.folder(zfull), self.until, self.audit_every
+    def _tasks(self, zfull, members: int = 1) -> list[NodeTask]:
+        """The runs of the node at zfull: member 0 unperturbed, member j ≥ 1 kicked with seed j."""
+        return [NodeTask(self.start, zfull, self.cache.folder(zfull, j), self.until, self.audit_every,
+                         self.perturb if j else 0.0, j) for j in range(members)]
 
     def lattice_z(self, index) -> np.ndarray:
         """z over BAG_NAMES of the lattice point ``index`` (over ``names``)."""
@@ -224,7 +253,7 @@ class BagRestProblem:
         zfull = self.origin.copy()
         zfull[self.cols] = np.asarray(z, np.float64)
         self.runs += 1
-        return self._map([self._task(zfull)])[0]
+        return self._map(self._tasks(zfull))[0]
 
     def _check_unfitted(self, params) -> None:
         if params is None:
@@ -255,12 +284,14 @@ class BagRestProblem:
         index, w, dw = lattice_support((z - self.origin[self.cols]) / self.step)
         keys = [tuple(int(v) for v in j) for j in index]
         missing = [k for k in keys if k not in self.nodes]
+        K = self.runs_per_node
         try:
-            for k, nd in zip(missing, self._map([self._task(self.lattice_z(k)) for k in missing])):
-                self.nodes[k] = nd
+            done = self._map([t for k in missing for t in self._tasks(self.lattice_z(k), K)])
+            for i, k in enumerate(missing):
+                self.nodes[k] = mean_node(done[i * K:(i + 1) * K])
         finally:
             self.evaluations += 1
-            self.runs += len(missing)
+            self.runs += len(missing) * K
             self.run_s += time.perf_counter() - t0
         nodes = [self.nodes[k] for k in keys]
         if self.estimator == "rest":
@@ -270,6 +301,7 @@ class BagRestProblem:
         y, J = lattice_smooth(Y, w, dw, self.names, self.step, J_rest=J_rest, estimator=self.estimator)
         self.records.append(EvaluationRecord(
             z=z.tolist(), params={n: math.exp(v) for n, v in zip(self.names, z)}, clipped=bool(np.any(z != z_asked)),
-            y=y.tolist(), J=J.tolist(), new_runs=len(missing), effective_runs=effective_runs(w),
-            wall_s=time.perf_counter() - t0, nodes=[NodeRecord.of(k, wk, nd) for k, wk, nd in zip(keys, w, nodes)]))
+            y=y.tolist(), J=J.tolist(), new_runs=len(missing) * K, effective_runs=effective_runs(w),
+            wall_s=time.perf_counter() - t0, nodes=[NodeRecord.of(k, wk, nd) for k, wk, nd in zip(keys, w, nodes)],
+            runs_per_node=K))
         return Evaluation(y, J, time.perf_counter() - t0)

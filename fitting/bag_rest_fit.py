@@ -15,6 +15,7 @@ from fitting.rollout_fit import SHAPE_ROWS, SHAPE_SCALE, float64_params
 from fitting.smoothing import DEFAULT_STEP
 from fitting.targets import check_targets
 from ipcjax.runfolder import prepare, write_json
+from scenes.perturb import ENSEMBLE_KICK
 
 
 class BagFitOptions(NamedTuple):
@@ -31,6 +32,8 @@ class BagFitOptions(NamedTuple):
     estimator: str = "spline"           # the smoothed Jacobian (fitting.smoothing.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
     progress: bool = True
+    runs_per_node: int = 1              # K: each lattice node the mean of K runs (K − 1 from kicked starts)
+    perturb: float = ENSEMBLE_KICK      # rms m/s of the kicked members' film velocity kick (scenes/perturb.py)
 
     def check(self) -> None:
         """ValueError naming the option that is unusable."""
@@ -52,6 +55,10 @@ class BagFitOptions(NamedTuple):
             raise ValueError(f"start must be one value > 0 for a single parameter; got {self.start_value}")
         if int(self.iterations) != self.iterations or self.iterations < 1:
             raise ValueError(f"iterations must be a positive integer; got {self.iterations}")
+        if int(self.runs_per_node) != self.runs_per_node or self.runs_per_node < 1:
+            raise ValueError(f"runs_per_node must be a positive integer; got {self.runs_per_node}")
+        if not (np.isfinite(self.perturb) and self.perturb > 0):
+            raise ValueError(f"perturb must be a finite speed > 0 m/s; got {self.perturb}")
         if self.model_scatter_mm is not None:
             s = np.asarray(self.model_scatter_mm, np.float64)
             if s.shape != (3,) or not np.all(np.isfinite(s) & (s > 0)):
@@ -59,6 +66,18 @@ class BagFitOptions(NamedTuple):
                                  f"got {self.model_scatter_mm}")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
+
+
+def node_spread(record) -> dict | None:
+    """The runs' own scatter at an evaluation's nodes (an ensemble of K ≥ 2 runs per node):
+    per measurement the root mean square, over the nodes, of their runs' sample standard
+    deviations, in mm, and the runs it rests on; None for one run per node. It is the
+    measured counterpart of the assumed ``model_scatter_mm``, from few runs."""
+    spreads = [nd.spread_m for nd in record.nodes if nd.spread_m is not None]
+    if not spreads:
+        return None
+    rms = np.sqrt(np.mean(np.square(np.asarray(spreads)), axis=0)) * 1e3
+    return dict(rms_sd_mm=rms.tolist(), nodes=len(spreads), runs=int(sum(nd.runs for nd in record.nodes)))
 
 
 def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions()) -> dict:
@@ -97,6 +116,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     from ipcjax.runfolder import Trajectory, read_npz
     from scenes.bag import SPHERE_RADII
     from scenes.outputs import export_meshes
+    from scenes.perturb import describe_ensemble
 
     options.check()
     names = tuple(options.names)
@@ -106,11 +126,14 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     start = options.start or br.DEFAULT_START
     known = float64_params(Params.film_defaults())
     problem = br.BagRestProblem(names, start, os.path.join(out, "nodes"), step=options.step,
-                                workers=options.workers, estimator=options.estimator)
+                                workers=options.workers, estimator=options.estimator,
+                                runs_per_node=options.runs_per_node, perturb=options.perturb)
     record = dict(scene="bag", method="rest shape, cubic B-spline smoothing over a lattice in log-parameters "
                                       "(fitting/bag_rest.py)",
                   params=list(names), start_state=os.path.abspath(start), lattice_step_log=options.step,
                   estimator=options.estimator, noise_mm=options.noise_mm,
+                  runs_per_node=options.runs_per_node,
+                  perturbation=describe_ensemble(options.perturb, options.runs_per_node),
                   bounds={n: list(problem.bounds[n]) for n in names},
                   known_params={n: float(getattr(known, n)) for n in BAG_NAMES})
     synthetic = targets is None
@@ -161,10 +184,11 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             identifiability=dict(smoothed=identifiability(J, names, options.noise_mm),
                                  rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
             model_scatter=scatter_budget(J, names, best.params, options.model_scatter_mm or MODEL_SCATTER_MM,
-                                         effective_runs=best.effective_runs),
+                                         effective_runs=best.effective_runs, runs_per_node=best.runs_per_node),
+            node_spread=node_spread(best),
             goodness_of_fit=goodness_of_fit(np.asarray(best.y) * 1e3, t_mm, len(names), options.noise_mm,
                                             options.model_scatter_mm or MODEL_SCATTER_MM,
-                                            effective_runs=best.effective_runs))
+                                            effective_runs=best.effective_runs * best.runs_per_node))
         misfit = misfit_message(record["goodness_of_fit"])
         history = [FitIterate(iteration=i, loss=loss(r), params=r.params, wall_s=r.wall_s)
                    for i, r in enumerate(recs)]

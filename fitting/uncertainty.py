@@ -52,23 +52,29 @@ MODEL_SCATTER_MM = (1.62, 3.56, 1.10)
 ACCURACY_GOALS = (0.02, 0.05)
 
 
-def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, goals=ACCURACY_GOALS) -> dict:
+def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, runs_per_node: int = 1,
+                   goals=ACCURACY_GOALS) -> dict:
     """What the model's own scatter allows: the 1σ interval when each smoothed measurement
-    has the variance of a mean of ``effective_runs`` independent single runs whose scatter is
-    ``scatter_mm`` (so its noise is scatter/√effective_runs; :func:`fitting.smoothing.effective_runs`), and,
-    per parameter and goal g, the runs each lattice node would need (a mean of K runs from
-    perturbed starts in place of one) for a relative 1σ of g: the noise falls as 1/√K, so
-    K = ⌈(σ_z / log(1 + g))²⌉, 1 where one run per node already reaches g. It treats the
-    runs' scatter as independent noise; neighbouring runs that share a pleat pattern are
-    not, so it is an estimate of the order, not a bound."""
+    has the variance of a mean of ``effective_runs`` × ``runs_per_node`` independent single
+    runs whose scatter is ``scatter_mm`` (``effective_runs`` nodes,
+    :func:`fitting.smoothing.effective_runs`, each the mean of K = ``runs_per_node`` runs
+    from perturbed starts; its noise is scatter/√(effective_runs·K)), and, per parameter
+    and goal g, the runs each lattice node would need for a relative 1σ of g: the noise
+    falls as 1/√K, so K = ⌈(σ_z,1 / log(1 + g))²⌉ with σ_z,1 the interval of one run per
+    node, 1 where one run per node already reaches g. It treats the runs' scatter as
+    independent noise; neighbouring runs that share a pleat pattern are not, so it is an
+    estimate of the order, not a bound."""
     s = np.broadcast_to(np.asarray(scatter_mm, np.float64), (np.asarray(J_mm).shape[0],))
     if not (np.isfinite(effective_runs) and effective_runs > 0):
         raise ValueError(f"effective_runs must be > 0; got {effective_runs}")
-    iv = interval(J_mm, names, values, s / math.sqrt(effective_runs))
-    need = {n: {f"{g:.0%}": (max(1, math.ceil((iv[n]["sigma_log"] / math.log1p(g)) ** 2))
-                             if math.isfinite(iv[n]["sigma_log"]) else None) for g in goals} for n in names}
-    return dict(scatter_mm=s.tolist(), effective_runs=float(effective_runs), interval_1sigma=iv,
-                runs_per_node_for=need)
+    if int(runs_per_node) != runs_per_node or runs_per_node < 1:
+        raise ValueError(f"runs_per_node must be an integer ≥ 1; got {runs_per_node}")
+    iv = interval(J_mm, names, values, s / math.sqrt(effective_runs * runs_per_node))
+    one = {n: iv[n]["sigma_log"] * math.sqrt(runs_per_node) for n in names}   # σ_z of one run per node
+    need = {n: {f"{g:.0%}": (max(1, math.ceil((one[n] / math.log1p(g)) ** 2))
+                             if math.isfinite(one[n]) else None) for g in goals} for n in names}
+    return dict(scatter_mm=s.tolist(), effective_runs=float(effective_runs), runs_per_node=int(runs_per_node),
+                interval_1sigma=iv, runs_per_node_for=need)
 
 
 def identifiability(J_mm, names, noise_mm: float) -> dict:

@@ -2,7 +2,8 @@
 
 Whatever :func:`scenes.bag_run.run_bag` can do from Python the command can do: the film's
 E, μf and kθ (``--youngs-modulus``, ``--friction``, ``--bending-scale``) give
-``BagRunOptions.params``, and summary.json records them as it does for a Python caller.
+``BagRunOptions.params``, ``--perturb`` and ``--seed`` its start's velocity kick, and
+summary.json records them as it does for a Python caller.
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--linear-solver", choices=list(LINEAR_SOLVERS), default="sparse", help="Newton linear solve")
     for flag, (_, what) in FILM_FLAGS.items():
         ap.add_argument(flag, type=float, help=what)
+    ap.add_argument("--perturb", type=float, default=0.0, help="rms speed, m/s, of a seeded smooth velocity kick of "
+                    "the film at the start, for ensembles of runs whose pleats differ (scenes/perturb.py; default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="the kick's seed (default 0)")
     return ap
 
 
@@ -65,6 +69,8 @@ def run(argv, check, positive) -> int:
     check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
     check(args.checkpoint_every >= 1, f"--checkpoint-every must be ≥ 1; got {args.checkpoint_every}")
     check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
+    check(bool(np.isfinite(args.perturb) and args.perturb >= 0), f"--perturb must be a finite speed ≥ 0 m/s; got "
+                                                                   f"{args.perturb}")
     params = film_params(args, check)
     from scenes.bag_run import BagRunOptions, run_bag
 

@@ -35,6 +35,7 @@ from fitting.rollout_fit import POUCH_PARAMS, ShapeFitOptions
 from fitting.smoothing import DEFAULT_STEP
 from fitting.targets import TARGET_FLAGS, FlagError, check_window_flags, targets_from
 from ipcjax import runfolder
+from scenes.perturb import ENSEMBLE_KICK
 
 SCENES = ("pouch", "bag", "cantilever")
 CANTILEVER_PARAMS = ("bending_scale", "youngs_modulus", "thickness")  # no contact: no friction
@@ -78,7 +79,7 @@ def bag_rest_job(args, error) -> int:
     options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
                             iterations=args.iterations, step=args.lattice_step, noise_mm=args.noise,
                             model_scatter_mm=three_mm(args.model_scatter, error), workers=args.workers,
-                            progress=not args.quiet)
+                            progress=not args.quiet, runs_per_node=args.runs_per_node, perturb=args.perturb)
     options.check()
     record = bag_rest_fit.fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
@@ -206,6 +207,10 @@ FIT_JOBS = {
          ("--noise", dict(type=float, default=0.5, help="noise of the 1σ interval, mm (default 0.5)")),
          ("--model-scatter", dict(help="one run's scatter X,Y,F, mm (default 1.62,3.56,1.10, the E sweep's)")),
          ("--workers", dict(type=int, help="node processes (default: the cores)")),
+         ("--runs-per-node", dict(type=int, default=1, help="K: each lattice node the mean of K runs, the unperturbed "
+                                  "one and K − 1 with the film's start velocities kicked (default 1)")),
+         ("--perturb", dict(type=float, default=ENSEMBLE_KICK, help="rms m/s of that kick (scenes/perturb.py; "
+                            f"default {ENSEMBLE_KICK:g})")),
          *_start(BAG_NAMES, "default youngs_modulus", 1.0), *_measured(), *_run(30)], bag_rest_job),
     "window": FitJob("--scene bag --window K", "the bag window fit", "--scene bag --window K", (
         "Fit E, μf and kθ, each alone (--param: one) or together (--joint), to the bag's neck width and flap "

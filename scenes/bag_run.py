@@ -44,6 +44,9 @@ class BagRunOptions:
     linear_solver: str = "sparse"      # Newton linear solve (ipcjax.model.LINEAR_SOLVERS)
     params: object = None              # ipcjax.model.Params of the film (None: Params.film_defaults())
     progress: bool = True              # progress bar and notes on stderr
+    perturb: float = 0.0               # rms m/s of a seeded velocity kick of the film at the start
+                                       # (scenes/perturb.py; 0: none), for ensembles of runs
+    seed: int = 0                      # the kick's seed
 
 
 @dataclass(frozen=True)
@@ -218,17 +221,20 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
     the time-series plot and phase snapshots, to ``options.out``; and, as the run passes
     them, the states at the start of the cinch and of the tie (``state_cinch.npz``,
     ``state_tie.npz``; the protocol's :attr:`scenes.bag.Protocol.checkpoints`), from which
-    fits and tests resume.
+    fits and tests resume. With ``options.perturb`` the film's velocities at the start
+    are kicked by the seeded field of :func:`scenes.perturb.film_kick` (positions
+    untouched), and summary.json's ``perturbation`` records it (null without one).
 
     Raises:
         FileNotFoundError, ValueError, OSError: a bad resume state, an ``out`` holding a
-            trajectory of another scene, an end time with no step left, an unwritable
-            ``out``; all before any step is taken.
+            trajectory of another scene, an end time with no step left, a kick that is not
+            a finite speed ≥ 0, an unwritable ``out``; all before any step is taken.
     """
     from ipcjax import step as ipc_step
     from ipcjax import compile_guard
     from ipcjax.audit import BackgroundAudit
     from scenes.bag import bag_scene
+    from scenes.perturb import film_kick
 
     compile_guard.release_if_crowded()
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
@@ -243,6 +249,9 @@ def run_bag(options: BagRunOptions) -> BagRunResult:
         step_index, unfold_checked = int(rs["step"]), bool(rs["unfold_checked"])
     else:
         state = ipc_step.make_state(sc.x)
+    if options.perturb:  # the film's start velocities kicked (scenes/perturb.py); positions untouched
+        kick = film_kick(np.asarray(state.x), np.arange(len(sc.film)), options.perturb, options.seed)
+        state = ipc_step.make_state(np.asarray(state.x), np.asarray(state.v) + kick, float(state.t))
     n_total = int(round(until / dt))
     _check(n_total > step_index, f"--until {until:g} s leaves no step to run after t = "
                                  f"{float(state.t):.4f} s (one step is {dt:.6f} s)")
@@ -389,6 +398,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, a
     """summary.json of a bag run: timings, Newton statistics, measurements, ``audit`` (of
     every frame of ``traj``: :func:`ipcjax.audit.audit_trajectory`), outputs."""
     from scenes.bag import measurements
+    from scenes.perturb import describe
 
     film, sph = traj.film, traj.spheres
     wall, first_step_s, n = run["wall_s"], run["first_step_s"], len(reports)
@@ -405,6 +415,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, a
         newton_iterations_by_phase=iterations_by_phase(run["phases"], [r.iterations for r in reports]),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
         min_gap_m=run["min_gap_m"], unfold_checked=run["unfold_checked"], failure=run["failure"],
+        perturbation=describe(options.perturb, options.seed),
         measurements=measurements(film, sph, traj.time, sc),
         audit=dict(frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
                    min_film_film_m=float(np.min(audit["min_film_film"])),

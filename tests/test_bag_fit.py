@@ -273,11 +273,19 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
     assert blind["runs_per_node_for"]["bending_scale"] == {"2%": None, "5%": None}
     with pytest.raises(ValueError, match="effective_runs must be > 0"):
         unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=0.0)
+    # K runs per node: the interval of K × effective_runs runs; the runs asked for stay those of one
+    four = unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=2.0, runs_per_node=4)
+    once = unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=2.0)
+    assert four["interval_1sigma"]["youngs_modulus"]["sigma_log"] == pytest.approx(
+        once["interval_1sigma"]["youngs_modulus"]["sigma_log"] / 2, rel=1e-12)
+    assert four["runs_per_node_for"] == once["runs_per_node_for"] and four["runs_per_node"] == 4
+    with pytest.raises(ValueError, match="runs_per_node must be an integer ≥ 1"):
+        unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=2.0, runs_per_node=0)
 
 
 def _record(value, y, J):
     return br.EvaluationRecord(z=[math.log(value)], params={"youngs_modulus": value}, clipped=False, y=list(y),
-                               J=[[j] for j in J], new_runs=0, effective_runs=2.0, wall_s=0.0, nodes=[])
+                               J=[[j] for j in J], new_runs=0, effective_runs=2.0, wall_s=0.0, nodes=[], runs_per_node=1)
 
 
 def test_reach_message_names_the_range_when_the_loss_falls_outward_at_its_end():
@@ -356,6 +364,20 @@ def test_node_cache_reuses_a_run_only_if_it_finished_with_the_same_params_and_en
     assert finished(Params.film_defaults(youngs_modulus=400e6, friction=0.3)) is None
     (run / "summary.json").write_text(json.dumps(dict(summary, failure=dict(reason="step failed", time_s=9.0))))
     assert finished() is None
+    # an ensemble member's run: reused only for the same kick (rms and seed), never for none
+    from scenes.perturb import describe
+
+    kicked = dict(summary, perturbation=describe(0.3, 2))
+    (run / "summary.json").write_text(json.dumps(kicked))
+    assert finished() is None
+    assert bag_nodes.NodeCache.finished(str(run), p, 10.5, describe(0.3, 2)) == kicked
+    assert bag_nodes.NodeCache.finished(str(run), p, 10.5, describe(0.3, 1)) is None
+    assert bag_nodes.NodeCache.finished(str(run), p, 10.5, describe(0.1, 2)) is None
+    start = tmp_path / "start.npz"
+    start.write_bytes(b"x")
+    cache = bag_nodes.NodeCache(str(start), "r")
+    assert cache.folder(np.zeros(3), 2) == cache.folder(np.zeros(3)) + "_member2"
+    assert cache.folder(np.zeros(3), 0) == cache.folder(np.zeros(3))
 
 
 def test_evaluation_record_writes_the_dict_fit_json_has():
@@ -368,17 +390,19 @@ def test_evaluation_record_writes_the_dict_fit_json_has():
     node = br.NodeRecord.of((2,), np.float64(0.25), nd)
     rec = br.EvaluationRecord(z=[math.log(400e6)], params={"youngs_modulus": 400e6}, clipped=False,
                               y=[0.04, 0.041, 0.015], J=[[0.01], [0.0], [0.0]], new_runs=4, effective_runs=2.1,
-                              wall_s=7.0, nodes=[node])
+                              wall_s=7.0, nodes=[node], runs_per_node=1)
     d = rec.to_json()
-    assert list(d) == ["z", "params", "clipped", "y", "J", "new_runs", "effective_runs", "wall_s", "nodes"]
+    assert list(d) == ["z", "params", "clipped", "y", "J", "new_runs", "effective_runs", "wall_s", "nodes",
+                       "runs_per_node"]
     assert d == dict(z=[math.log(400e6)], params={"youngs_modulus": 400e6}, clipped=False, y=[0.04, 0.041, 0.015],
-                     J=[[0.01], [0.0], [0.0]], new_runs=4, effective_runs=2.1, wall_s=7.0, nodes=[d["nodes"][0]])
+                     J=[[0.01], [0.0], [0.0]], new_runs=4, effective_runs=2.1, wall_s=7.0, nodes=[d["nodes"][0]],
+                     runs_per_node=1)
     n = d["nodes"][0]
     assert list(n) == ["index", "weight", "params", "y", "J_rest", "residual_ratio", "max_speed_m_s", "wall_s",
-                       "run_dir"]
+                       "run_dir", "runs", "spread_m"]
     assert n == dict(index=[2], weight=0.25, params=dict(zip(NAMES, np.exp(nd.z).tolist())), y=[0.04, 0.041, 0.015],
                      J_rest=(np.eye(3) * 1e-3).tolist(), residual_ratio=1e-3, max_speed_m_s=2e-3, wall_s=3.5,
-                     run_dir="nodes/x")
+                     run_dir="nodes/x", runs=1, spread_m=None)
     assert type(n["weight"]) is float and json.loads(json.dumps(d)) == d
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.y = [0.0, 0.0, 0.0]
@@ -387,7 +411,7 @@ def test_evaluation_record_writes_the_dict_fit_json_has():
 def _linear_nodes(monkeypatch, seen, slope=(0.01, 0.0, 0.0), col=0):
     """Fake node runs whose measurements are linear in z[col]; ``seen`` collects each run's z."""
     def fake(task):
-        start, z, out, until, audit_every = task
+        start, z, out, until, audit_every = task[:5]
         seen.append(np.asarray(z))
         return _node(z, np.array([0.04, 0.04, 0.015]) + np.asarray(slope) * (z[col] - math.log(315e6)))
 
@@ -448,7 +472,7 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     seen = []
 
     def fake(task):
-        start, z, out, until, audit_every = task
+        start, z, out, until, audit_every = task[:5]
         seen.append(z[0])
         os.makedirs(out, exist_ok=True)
         write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
@@ -486,21 +510,27 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     assert gof["dof"] == 2 and gof["chi2"] < 1e-3 and gof["unreached"] == [] and rec["misfit"] is None
 
 
+def _write_frame(out):
+    """A one-triangle trajectory.npz in ``out``: what fit_bag_rest reads of the fitted run."""
+    from ipcjax.runfolder import Trajectory, write_trajectory
+    from scenes.bag import SPHERE_RADII
+
+    os.makedirs(out, exist_ok=True)
+    write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
+        np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
+
+
 def _fake_fit(tmp_path, monkeypatch, targets, slope, **options):
     """fit_bag_rest on fake nodes whose rest shape is linear in log E, y = (40, 40, 15) mm
     at 315 MPa plus ``slope`` (m per unit log E) times the distance in log E."""
     from fitting import bag_rest_fit
-    from ipcjax.runfolder import Trajectory, write_trajectory
-    from scenes.bag import SPHERE_RADII
 
     z0 = math.log(315e6)
 
     def fake(task):
-        start, z, out, until, audit_every = task
-        os.makedirs(out, exist_ok=True)
-        write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
-            np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
-        return dataclasses.replace(_node(z, np.array([0.04, 0.04, 0.015]) + slope * (z[0] - z0)), run_dir=out)
+        _write_frame(task.out)
+        return dataclasses.replace(_node(task.z, np.array([0.04, 0.04, 0.015]) + slope * (task.z[0] - z0)),
+                                   run_dir=task.out)
 
     monkeypatch.setattr(br, "_node_task", fake)
     return bag_rest_fit.fit_bag_rest(str(tmp_path / "fit"), targets, bag_rest_fit.BagFitOptions(
@@ -533,6 +563,80 @@ def test_a_flap_the_model_cannot_reach_is_said_with_its_distance(tmp_path, monke
     assert said.startswith("the model does not reach the flap: fitted ") and "neck" not in said.split("(σ")[0]
     assert f"{flap['residual_mm']:+.2f} mm" in said and f"{abs(flap['sigmas']):.1f} σ" in said
     assert json.loads((tmp_path / "fit" / "fit.json").read_text())["misfit"] == said
+
+
+def test_ensemble_nodes_are_the_mean_of_k_runs_from_kicked_starts(tmp_path, monkeypatch):
+    """--runs-per-node 3: every lattice node runs three times from the same start, run 0
+    unperturbed in the node's usual folder, runs 1 and 2 with the film's velocities kicked
+    (seeds 1, 2) in folders of their own; the node is their mean, its record holds their
+    spread, and the model's-scatter interval is that of 3 runs per node (1/√3 of one
+    run's), the runs it asks for counted in single runs."""
+    from fitting import bag_rest_fit
+
+    z0, tasks = math.log(315e6), []
+    offsets = {0: 0.0, 1: 1e-3, 2: -2e-3}   # m, on the flap: the runs' own scatter
+
+    def fake(task):
+        tasks.append(task)
+        _write_frame(task.out)
+        y = np.array([0.04, 0.04, 0.015]) + np.array([0.015, 0.012, -0.002]) * (task.z[0] - z0)
+        return dataclasses.replace(_node(task.z, y + np.array([0.0, 0.0, offsets[task.seed]])), run_dir=task.out)
+
+    monkeypatch.setattr(br, "_node_task", fake)
+    one = bag_rest_fit.fit_bag_rest(str(tmp_path / "k1"), (0.041, 0.04, 0.015), bag_rest_fit.BagFitOptions(
+        iterations=1, workers=1, progress=False))
+    n1 = len(tasks)
+    tasks.clear()
+    rec = bag_rest_fit.fit_bag_rest(str(tmp_path / "k3"), (0.041, 0.04, 0.015), bag_rest_fit.BagFitOptions(
+        iterations=1, workers=1, progress=False, runs_per_node=3, perturb=0.02))
+    lattice = [t for t in tasks[:-1]]                      # the fitted value's own run last: one, unperturbed
+    assert len(lattice) == 3 * (n1 - 1) and tasks[-1].seed == 0 and tasks[-1].perturb == 0.0
+    assert rec["runs"] == len(tasks) and rec["runs_per_node"] == 3
+    assert rec["perturbation"]["rms_m_s"] == 0.02 and rec["perturbation"]["seeds"] == [1, 2]
+    for i in range(0, len(lattice), 3):
+        a, b, c = lattice[i:i + 3]
+        assert [a.seed, b.seed, c.seed] == [0, 1, 2] and [a.perturb, b.perturb, c.perturb] == [0.0, 0.02, 0.02]
+        assert np.array_equal(a.z, b.z) and np.array_equal(a.z, c.z)
+        assert b.out == a.out + "_member1" and c.out == a.out + "_member2" and "_member" not in a.out
+    it = rec["iterates"][0]
+    for nd in it["nodes"]:
+        assert nd["runs"] == 3 and nd["run_dir"].endswith(tuple("0123456789"))   # member 0's folder
+        assert nd["spread_m"] == pytest.approx([0.0, 0.0, np.std([0.0, 1e-3, -2e-3], ddof=1)], abs=1e-15)
+    # the node is the mean: the flap 1/3 mm lower than the unperturbed runs', the necks the same
+    np.testing.assert_allclose(np.asarray(it["y"]) - np.asarray(one["iterates"][0]["y"]), [0, 0, -1e-3 / 3],
+                               atol=1e-12)
+    assert it["effective_runs"] == one["iterates"][0]["effective_runs"] and it["runs_per_node"] == 3
+    s1, s3 = (r["model_scatter"]["interval_1sigma"]["youngs_modulus"]["sigma_log"] for r in (one, rec))
+    assert s3 == pytest.approx(s1 / math.sqrt(3), rel=1e-9)
+    assert rec["model_scatter"]["runs_per_node_for"] == one["model_scatter"]["runs_per_node_for"]
+    assert rec["node_spread"]["rms_sd_mm"][2] == pytest.approx(np.std([0.0, 1.0, -2.0], ddof=1), rel=1e-9)
+    assert one["node_spread"] is None and one["perturbation"] is None
+    with pytest.raises(ValueError, match="runs_per_node must be a positive integer"):
+        bag_rest_fit.BagFitOptions(runs_per_node=0).check()
+    with pytest.raises(ValueError, match="perturb must be a finite speed > 0"):
+        bag_rest_fit.BagFitOptions(runs_per_node=2, perturb=float("nan")).check()
+
+
+def test_film_kick_is_seeded_smooth_and_of_the_asked_size():
+    """scenes.perturb.film_kick: the same seed gives the same field, another seed another;
+    its rms over the film is the asked one, it is zero off the film, and particles 0.1 mm
+    apart (layers in contact) get nearly the same kick, particles half a wavelength apart
+    different ones."""
+    from scenes.perturb import WAVELENGTH, film_kick
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.05, 0.05, size=(200, 3))
+    x[100] = x[0] + [0.0, 0.0, 1e-4]
+    film = np.arange(150)
+    a, b, c = film_kick(x, film, 0.03, 1), film_kick(x, film, 0.03, 1), film_kick(x, film, 0.03, 2)
+    assert np.array_equal(a, b) and not np.allclose(a, c)
+    assert np.sqrt(np.mean(np.sum(a[film] ** 2, axis=1))) == pytest.approx(0.03, rel=1e-12)
+    assert not np.any(a[150:])
+    near = np.linalg.norm(a[100] - a[0]) / np.linalg.norm(a[0])
+    assert near < 2 * np.pi * 1e-4 / WAVELENGTH * 8   # bounded by the modes' gradient
+    assert not np.any(film_kick(x, film, 0.0, 1))
+    with pytest.raises(ValueError, match="finite speed ≥ 0"):
+        film_kick(x, film, -1.0, 1)
 
 
 def test_goodness_of_fit_by_hand():

@@ -69,7 +69,8 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
     """run_bag with the short protocol and another film (2 coarse steps): summary.json and
     state.npz name the protocol, the summary the film's E, μf and kθ scale, from Python
     (BagRunOptions.params) and from the command line's film flags alike. The result holds
-    the run's end as state.npz does, its scene (at that E) and the measurements."""
+    the run's end as state.npz does, its scene (at that E) and the measurements; the
+    command's --perturb/--seed kick is recorded in summary.json."""
     from ipcjax.model import Params
     from scenes.bag_run import BagRunOptions, run_bag
 
@@ -85,11 +86,13 @@ def test_bag_run_records_its_protocol_and_parameters(tmp_path):
         assert np.array_equal(np.asarray(res.state.x), st["x"]) and np.array_equal(np.asarray(res.state.v), st["v"])
     assert float(res.scene.params.youngs_modulus) == 630e6 and res.measurements == s["measurements"]
     cli = tmp_path / "cli"
+    assert res.summary["perturbation"] is None
     assert main(["bag", "--resolution", "coarse", "--protocol", "short", "--until", str(2 / 240), "--out", str(cli),
                  "--mesh-every", "0", "--no-pictures", "--youngs-modulus", "630e6", "--friction", "0.2",
-                 "--bending-scale", "2"]) == 0
+                 "--bending-scale", "2", "--perturb", "0.05", "--seed", "3"]) == 0
     s = json.loads((cli / "summary.json").read_text())
     assert s["protocol"] == "short" and s["params"] == dict(youngs_modulus=630e6, friction=0.2, bending_scale=2.0)
+    assert s["perturbation"]["rms_m_s"] == 0.05 and s["perturbation"]["seed"] == 3   # the start's kick
 
 
 def test_help_lists_every_job_with_one_line_and_an_example(capsys):
