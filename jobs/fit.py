@@ -67,6 +67,8 @@ def bag_rest_job(args, error) -> int:
     the answer lies outside the model's reach (both said on stderr and in fit.json)."""
     if args.pair and args.param:
         error("give --param or --pair, not both")
+    if args.perturb is not None and args.runs_per_node == 1:
+        error("--perturb kicks the runs 1 … K − 1 of --runs-per-node K; with one run per node there is none to kick")
     names = tuple(args.pair.split(",")) if args.pair else (args.param or "youngs_modulus",)
     try:
         targets = _targets(args)
@@ -79,7 +81,8 @@ def bag_rest_job(args, error) -> int:
     options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
                             iterations=args.iterations, step=args.lattice_step, noise_mm=args.noise,
                             model_scatter_mm=three_mm(args.model_scatter, error), workers=args.workers,
-                            progress=not args.quiet, runs_per_node=args.runs_per_node, perturb=args.perturb)
+                            progress=not args.quiet, runs_per_node=args.runs_per_node,
+                            perturb=ENSEMBLE_KICK if args.perturb is None else args.perturb)
     options.check()
     record = bag_rest_fit.fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
@@ -209,8 +212,8 @@ FIT_JOBS = {
          ("--workers", dict(type=int, help="node processes (default: the cores)")),
          ("--runs-per-node", dict(type=int, default=1, help="K: each lattice node the mean of K runs, the unperturbed "
                                   "one and K − 1 with the film's start velocities kicked (default 1)")),
-         ("--perturb", dict(type=float, default=ENSEMBLE_KICK, help="rms m/s of that kick (scenes/perturb.py; "
-                            f"default {ENSEMBLE_KICK:g})")),
+         ("--perturb", dict(type=float, help="rms m/s of that kick (scenes/perturb.py; "
+                            f"default {ENSEMBLE_KICK:g}); only with --runs-per-node K > 1")),
          *_start(BAG_NAMES, "default youngs_modulus", 1.0), *_measured(), *_run(30)], bag_rest_job),
     "window": FitJob("--scene bag --window K", "the bag window fit", "--scene bag --window K", (
         "Fit E, μf and kθ, each alone (--param: one) or together (--joint), to the bag's neck width and flap "

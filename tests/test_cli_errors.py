@@ -290,6 +290,19 @@ def fit_refused(capsys, argv):
     return err.strip().splitlines()[-1]
 
 
+def test_bag_fit_refuses_a_kick_without_an_ensemble(capsys, fits):
+    """--perturb kicks the ensemble's runs 1 … K − 1: with one run per node it would do
+    nothing, so it is refused, not ignored; with --runs-per-node 2 it reaches the options."""
+    from jobs import fit
+
+    line = fit_refused(capsys, ["--scene", "bag", "--perturb", "0.1"])
+    assert line.endswith("--perturb kicks the runs 1 … K − 1 of --runs-per-node K; with one run per node there "
+                         "is none to kick")
+    assert fit.run(["--scene", "bag", "--runs-per-node", "2", "--perturb", "0.1", "--quiet"]) == 0
+    ((_, args, _),) = fits
+    assert args[-1].runs_per_node == 2 and args[-1].perturb == 0.1
+
+
 POUCH, REST, WINDOW = "--scene pouch (the pouch fit)", "--scene bag without --window", "--scene bag --window K"
 
 
