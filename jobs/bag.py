@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
         ap.add_argument(flag, type=float, help=what)
     ap.add_argument("--perturb", type=float, default=0.0, help="rms speed, m/s, of a seeded smooth velocity kick of "
                     "the film at the start, for ensembles of runs whose pleats differ (scenes/perturb.py; default 0)")
-    ap.add_argument("--seed", type=int, default=0, help="the kick's seed (default 0)")
+    ap.add_argument("--seed", type=int, help="the kick's seed (default 0); only with --perturb")
     return ap
 
 
@@ -71,6 +71,9 @@ def run(argv, check, positive) -> int:
     check(args.mesh_every >= 0, f"--mesh-every must be ≥ 0; got {args.mesh_every}")
     check(bool(np.isfinite(args.perturb) and args.perturb >= 0), f"--perturb must be a finite speed ≥ 0 m/s; got "
                                                                    f"{args.perturb}")
+    check(args.seed is None or args.perturb > 0, "--seed chooses the kick of --perturb V > 0; without one it "
+                                                 "would change nothing")
+    args.seed = 0 if args.seed is None else args.seed
     params = film_params(args, check)
     from scenes.bag_run import BagRunOptions, run_bag
 

@@ -88,6 +88,7 @@ def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (["--bending-scale", "nan"], "--bending-scale must be a finite number ≥ 0; got nan"),
     (["--perturb", "-0.1"], "--perturb must be a finite speed ≥ 0 m/s; got -0.1"),
     (["--perturb", "inf"], "--perturb must be a finite speed ≥ 0 m/s; got inf"),
+    (["--seed", "3"], "--seed chooses the kick of --perturb V > 0; without one it would change nothing"),
 ])
 def test_bag_refuses_out_of_range_flags(capsys, tmp_path, flags, expect):
     refused(capsys, ["bag", "--resolution", "coarse", *flags, "--out", str(tmp_path / "b")], expect)
