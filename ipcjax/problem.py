@@ -6,7 +6,8 @@ target, lagged friction) and the solver settings. :class:`StepProblem` carries t
 together, as optimistix's ``fn(y, args)`` carries ``args``: the potential
 (:mod:`ipcjax.potential`), the Newton solve and the step bound (:mod:`ipcjax.newton`,
 :mod:`ipcjax.line_search`) and the implicit VJP (:mod:`ipcjax.implicit`) all take
-``(x, problem, contacts)``. A new energy term touches this one type.
+``(x, problem, contacts)``. A new energy term reads what it needs from this one type and
+is one class in :data:`ipcjax.potential.TERMS`.
 
 :class:`StepInputs` is what a step is differentiated in, θ = (params, x₀, v₀, controls, dt);
 :func:`ipcjax.step.step_problem` builds the problem from it, and the implicit VJP is one

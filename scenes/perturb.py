@@ -42,7 +42,8 @@ def film_kick(x, particles, rms: float, seed: int, *, wavelength: float = WAVELE
     equal to ``rms`` m/s; the same ``seed`` gives the same field.
 
     Raises:
-        ValueError: ``rms`` not finite or < 0, ``wavelength`` not > 0, no particles.
+        ValueError: ``rms`` not finite or < 0, ``wavelength`` not > 0, no particles, a
+            field that vanishes on them (nothing to scale to ``rms``).
     """
     if not (np.isfinite(rms) and rms >= 0):
         raise ValueError(f"the kick's rms must be a finite speed ≥ 0 m/s; got {rms}")
@@ -61,8 +62,11 @@ def film_kick(x, particles, rms: float, seed: int, *, wavelength: float = WAVELE
     field = s @ a                                                     # (n, 3)
     norm = float(np.sqrt(np.mean(np.sum(field**2, axis=1))))
     out = np.zeros_like(x)
-    if rms > 0 and norm > 0:
-        out[idx] = field * (rms / norm)
+    if rms == 0:
+        return out
+    if not norm > 0:  # every mode vanishes on these particles: no field to scale, never a silent zero kick
+        raise ValueError(f"the kick field of seed {seed} vanishes on the {idx.size} particles; choose another seed")
+    out[idx] = field * (rms / norm)
     return out
 
 

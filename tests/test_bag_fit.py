@@ -465,20 +465,15 @@ def test_fit_bag_rest_writes_what_a_fit_says(tmp_path, monkeypatch):
     import json
 
     from fitting import bag_rest_fit
-    from ipcjax.runfolder import Trajectory, write_trajectory
-    from scenes.bag import SPHERE_RADII
 
     z0, slope = math.log(315e6), np.array([0.015, 0.012, -0.002])
     seen = []
 
     def fake(task):
-        start, z, out, until, audit_every = task[:5]
-        seen.append(z[0])
-        os.makedirs(out, exist_ok=True)
-        write_trajectory(os.path.join(out, "trajectory.npz"), Trajectory(
-            np.eye(3)[None], np.zeros((1, len(SPHERE_RADII), 3)), np.array([[0, 1, 2]]), np.array([10.5])))
-        nd = _node(z, np.array([0.04, 0.04, 0.015]) + slope * (z[0] - z0))
-        return dataclasses.replace(nd, run_dir=out)
+        seen.append(task.z[0])
+        _write_frame(task.out)
+        nd = _node(task.z, np.array([0.04, 0.04, 0.015]) + slope * (task.z[0] - z0))
+        return dataclasses.replace(nd, run_dir=task.out)
 
     monkeypatch.setattr(br, "_node_task", fake)
     out = tmp_path / "fit"
