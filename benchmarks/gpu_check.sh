@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The accelerator against the CPU in one command, for a machine with a GPU and no network
+# (issue #35, item 4; docs/validation.md "The accelerator against the CPU"):
+# benchmarks/device_check.py's reference scenes and the bag's first 6 steps, on the GPU and
+# on the CPU, each run in its own process. Takes about 5 minutes; exits non-zero when a
+# check fails. The figures land in $OUT (default runs/gpu_check): device.txt,
+# device_check.json, device_check.log.
+#
+# Such a machine has JAX with its CUDA plugin but not this project's pure-Python or small
+# dependencies; bring the ones the checks import as wheels, made where pip works:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl qdldl==0.1.9.post1 meshio==5.3.5
+# (.whl/ is ignored by git: `echo /.whl/ >> .git/info/exclude`). They are installed into
+# /tmp/site here when python3 lacks them; the project itself runs from this checkout
+# (PYTHONPATH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+if ! python3 -c "import qdldl, meshio" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+{ if command -v nvidia-smi > /dev/null; then nvidia-smi -L; else echo "nvidia-smi: not found"; fi; \
+  python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"; } > "$OUT/device.txt"
+cat "$OUT/device.txt"
+python3 benchmarks/device_check.py --json "$OUT/device_check.json" 2>&1 | tee "$OUT/device_check.log"
