@@ -12,11 +12,16 @@ Each run is a child process of its own, pinned to one JAX platform (``JAX_PLATFO
 Before every step a child also takes the step's first Newton system (∇Φ and the Hessian
 blocks at x₀ over every candidate row) and the run's linear solver's direction Δx for it,
 and records the relative linear residual ‖H Δx + ∇Φ‖ / ‖∇Φ‖ on that platform, in FP64.
+After every step it queries the candidates of the step's swept motion on that platform and
+counts the pairs that an all-pairs NumPy query finds at any of 17 evenly spaced instants of
+the motion but the swept query lacks (§6: none missing; a step with no pair in reach
+fails the check, which would then test nothing).
 
 The parent compares the runs step by step: the largest |Δx| between the accelerator's and
 the CPU's positions with the same solver (§6: within 2·10⁻⁷ m), and on the CPU between the
 dense and the sparse solver for the bag; and the largest relative residual of every run
-(§6: below 10⁻⁷). It prints one JSON document and exits with status 1 when a check fails.
+(§6: below 10⁻⁷), and the missing candidates (none). It prints one JSON document and
+exits with status 1 when a check fails.
 Without an accelerator it says so and runs the CPU's checks alone (dense against sparse,
 the residuals)::
 
@@ -42,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITION_TOL = 2e-7   # m, docs/spec.md §6
 RESIDUAL_TOL = 1e-7   # relative linear residual, docs/spec.md §6
 DT = 1.0 / 240.0
+INSTANTS = 17         # instants of each step's motion at which candidates are checked, docs/spec.md §6
 
 
 # --------------------------------------------------------------------------- child
@@ -76,6 +82,27 @@ def _residual_fn():
     return residual
 
 
+def _missing_candidates(x0, x1, model, config, capacity, instants: int) -> int:
+    """(missing, seen): of the candidate pairs within reach at any of ``instants`` evenly
+    spaced instants of the motion x0 → x1 (NumPy, all pairs; ``seen`` of them), those that
+    the swept query on this platform lacks."""
+    from ipcjax.candidates import brute_force_candidates, find_candidates
+
+    topo = model.topology
+    c = find_candidates(x0, x1, topo, config.dhat, config.min_gap, capacity=capacity)
+    if bool(c.overflow):
+        raise SystemExit("the swept candidate query overflowed its capacity: no check made")
+    kinds = ("vt", "ee", "sf")
+    found = {k: {tuple(r) for r in np.asarray(getattr(c, k))[: int(getattr(c, "n_" + k))]} for k in kinds}
+    seen = {k: set() for k in kinds}
+    for s in np.linspace(0.0, 1.0, instants):
+        xs = x0 + s * (x1 - x0)
+        ref = brute_force_candidates(xs, xs, topo, config.dhat, config.min_gap)
+        for k in kinds:
+            seen[k] |= {tuple(r) for r in np.asarray(getattr(ref, k))}
+    return sum(len(seen[k] - found[k]) for k in kinds), sum(len(seen[k]) for k in kinds)
+
+
 def _child(job: str, solver: str, steps: int, out: str) -> None:
     """Run one job on this process's platform; write its frames and figures to ``out``."""
     sys.path.insert(0, ROOT)
@@ -106,6 +133,7 @@ def _child(job: str, solver: str, steps: int, out: str) -> None:
         controls = lambda k, t, x: empty
     capacity = resolve_capacity(initial_capacity(model.topology), model.topology)
     frames, residuals, statuses, iterations, walls = [np.asarray(state.x, np.float64)], [], [], [], []
+    missing, seen = [], []
     for k in range(steps):
         t = float(state.t)
         ctl = controls(k, t, np.asarray(state.x))
@@ -119,8 +147,12 @@ def _child(job: str, solver: str, steps: int, out: str) -> None:
         capacity = rep.capacity
         iterations.append(int(rep.iterations))
         frames.append(np.asarray(state.x, np.float64))
+        m, n = _missing_candidates(frames[-2], frames[-1], model, config, capacity, INSTANTS)
+        missing.append(m)
+        seen.append(n)
     np.savez(out, frames=np.stack(frames), residuals=np.asarray(residuals), statuses=np.asarray(statuses),
-             iterations=np.asarray(iterations), walls=np.asarray(walls),
+             iterations=np.asarray(iterations), walls=np.asarray(walls), missing=np.asarray(missing),
+             seen=np.asarray(seen),
              device=str(jax.devices()[0]), platform=jax.default_backend())
 
 
@@ -152,7 +184,8 @@ def _run(platform: str, job: str, solver: str, steps: int, folder: str) -> dict:
         raise SystemExit(f"{job} on {platform} with the {solver} solver failed (exit {r.returncode}):\n"
                          f"{r.stderr[-4000:]}")
     d = dict(np.load(out))
-    return dict(frames=d["frames"], residuals=d["residuals"], statuses=d["statuses"],
+    return dict(frames=d["frames"], residuals=d["residuals"], statuses=d["statuses"], missing=d["missing"].tolist(),
+                seen=d["seen"].tolist(),
                 iterations=d["iterations"].tolist(), step_wall_s=[round(float(w), 4) for w in d["walls"]],
                 device=str(d["device"]), wall_s=round(time.perf_counter() - t0, 1))
 
@@ -190,11 +223,13 @@ def main() -> int:
             for (platform, solver), r in runs.items():
                 worst = float(np.max(r["residuals"]))
                 good = bool(worst < RESIDUAL_TOL and not np.any(r["statuses"]))
-                ok &= good
+                complete = not any(r["missing"]) and all(r["seen"])
+                ok &= good and complete
                 entry["runs"][f"{platform} {solver}"] = dict(
                     device=r["device"], newton_iterations=r["iterations"], step_wall_s=r["step_wall_s"],
                     wall_s=r["wall_s"], first_direction_relative_residual=[float(f"{v:.3g}") for v in r["residuals"]],
-                    residual_below_tolerance=good)
+                    residual_below_tolerance=good, candidates_seen_per_step=r["seen"],
+                    missing_candidates_per_step=r["missing"])
             pairs = [((accel, "dense"), ("cpu", "dense"))] if accel else []
             if job == "bag":
                 pairs.append((("cpu", "dense"), ("cpu", "sparse")))
