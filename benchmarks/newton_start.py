@@ -38,25 +38,27 @@ def patch(mode):
 
     from ipcjax import newton, step
     from ipcjax.line_search import step_bound
-    from ipcjax.potential import contact_gaps, incremental_potential
+    from ipcjax.potential import incremental_potential
 
     solve = step.newton_solve
     taken = []
 
-    def start(x0, problem, contacts, stats, *, capacity, gaps=None):
+    def start(x0, problem, make_friction, *, capacity):
         model, config = problem.model, problem.config
         p = jnp.where(model.fixed[:, None], 0.0, problem.context.y - x0)
+        cs0, _ = newton.query_contacts(x0, x0, model, config, capacity, skin=config.skin)
+        friction = make_friction(cs0)  # frozen at x0's contacts, wherever the solve starts
+        pb = problem._replace(context=problem.context._replace(friction=friction))
         cs, st = newton.query_contacts(x0, x0 + p, model, config, capacity, skin=config.skin)
-        a0 = step_bound(x0, p, cs, problem)
+        a0 = step_bound(x0, p, cs, pb)
         x1 = x0 + a0 * p
         take = ~st.overflow
         if mode == "guarded":
-            take = take & (incremental_potential(x1, problem, cs) < incremental_potential(x0, problem, cs))
+            take = take & (incremental_potential(x1, pb, cs) < incremental_potential(x0, pb, cs))
         jax.debug.callback(lambda t: taken.append(bool(t)), take)
         x_init = jnp.where(take, x1, x0)
-        cs2, st2 = newton.query_contacts(x_init, x_init, model, config, capacity, skin=config.skin)
-        g = contact_gaps(x_init, cs2, model.radius, config.min_gap)[0]
-        return solve(x_init, problem, cs2, stats.merge(st).merge(st2), capacity=capacity, gaps=g)
+        # the solve queries at x_init itself (ipcjax.newton.newton_solve's first pass)
+        return solve(x_init, problem, lambda contacts0: friction, capacity=capacity)
 
     step.newton_solve = start
     return taken

@@ -1,6 +1,8 @@
 """The Newton solve of one timestep: direction, conservative step bound, Armijo line search.
 
-One bounded ``lax.while_loop`` over a :class:`NewtonState`; each iteration
+One bounded ``lax.while_loop`` over a :class:`NewtonState`. Its first pass queries the
+candidates at x₀ (with ``config.skin``), takes their gaps (an initial overlap is flagged)
+and freezes the lagged friction set over them; then each iteration
 
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks
    (:func:`ipcjax.potential.gradient_and_blocks`),
@@ -42,6 +44,15 @@ Each Armijo comparison takes Φ(x) on the same rows as its trial points.
 
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
+
+Each pass of the loop runs one phase of an iteration (``lax.switch``): QUERY (the
+step-start query and every requery), DIRECTION (steps 1–3) and SEARCH (steps 5–6). So the
+candidate query, the largest piece of the program after the closest-point code, is
+compiled once, not once before the loop and once in it: a step program's LLVM code is
+13 % smaller (docs/benchmarks.md "One copy of the candidate query"). A direction
+whose swept box leaves the last query's box ± skin/2 is carried, unchanged, through QUERY
+to SEARCH, so the iterates are bit for bit those of a loop that ran a whole iteration per
+pass.
 """
 from __future__ import annotations
 
@@ -57,7 +68,7 @@ from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contact
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks, incremental_potential
-from ipcjax.problem import StepProblem
+from ipcjax.problem import FrictionSet, StepProblem
 from ipcjax.result import StepCode, set_code
 from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry
 
@@ -114,8 +125,19 @@ class SolveInfo(NamedTuple):
     expansions: jnp.ndarray      # () int32 iterations whose step went beyond α = 1 (Config.line_search_expansions)
 
 
+#: What a pass of the Newton loop does (:class:`NewtonState`'s ``phase``).
+QUERY, DIRECTION, SEARCH = 0, 1, 2
+
+
 class NewtonState(NamedTuple):
-    """The carry of the Newton ``while_loop`` (N particles, M candidate rows)."""
+    """The carry of the Newton ``while_loop`` (N particles, M candidate rows).
+
+    A pass of the loop is one of three phases, so that each is compiled once: QUERY (the
+    candidates of the swept box x → x + dx and their gaps at x: the step-start query at
+    x₀, which also freezes the friction set, and every requery), DIRECTION (assembly and
+    linear solve) and SEARCH (step bound and line search along dx). A Newton iteration is
+    DIRECTION, then QUERY when x + dx leaves the last query's box ± skin/2, then SEARCH.
+    """
 
     x: jnp.ndarray               # (N, 3) iterate, m (FP64)
     contacts: ContactSet         # (M rows) candidates of the last query, complete for box ± skin/2
@@ -130,15 +152,23 @@ class NewtonState(NamedTuple):
     ref_x: jnp.ndarray           # (N, 3) where ref_gap was taken, m
     ref_gap: jnp.ndarray         # (M,) gaps of the contact rows at ref_x (+∞ for padding), m
     expansions: jnp.ndarray      # () int32 iterations that took an expanded step (α > 1)
+    phase: jnp.ndarray           # () int32 the next pass: QUERY, DIRECTION or SEARCH
+    dx: jnp.ndarray              # (N, 3) the direction waiting for its query and search, m
+    slope: jnp.ndarray           # () ∇Φ·Δx of that direction
+    friction: FrictionSet        # the lagged friction set, frozen by the step-start query
+    contacts0: ContactSet        # the step-start candidates
+    overlap: jnp.ndarray         # () bool: a step-start gap ≤ 0
+    started: jnp.ndarray         # () bool: the step-start query is done
 
 
-def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: CandidateStats, *, capacity,
-                 gaps=None):
-    """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo).
+def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
+    """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo,
+    step-start contacts, initial-overlap flag).
 
-    ``contacts`` must have been queried at x_init with ``skin=config.skin``; ``capacity``
-    (static) sizes the candidate queries and the active rows. ``gaps``: the contact rows'
-    gaps at x_init (:func:`~ipcjax.stencils.contact_gaps`), when the caller has them.
+    The loop's first pass queries the candidates at x_init with ``skin=config.skin``
+    (``capacity``, static, sizes them and the active rows) and freezes the friction set
+    ``make_friction(contacts)`` (a :class:`~ipcjax.stencils.FrictionSet`), which replaces
+    ``problem.context.friction`` for the whole solve.
     """
     model, config = problem.model, problem.config
     F = model.n_free
@@ -151,24 +181,34 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
     radius, min_gap, dhat = model.radius, config.min_gap, config.dhat
     active = active_size(capacity)
     solver = linear_solver(config)
+
+    def query(a, b):
+        return query_contacts(a, b, model, config, capacity, skin=config.skin)
+
+    contacts_shape, stats_shape = jax.eval_shape(query, x_init, x_init)
+    zeros = lambda tree: jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
+    contacts_none = zeros(contacts_shape)
     # with Capacity.active below the candidate rows, an iteration looks at the few rows
     # that can matter (module docstring); otherwise at every row
-    compact = active is not None and active < contacts.idx.shape[0]
+    compact = active is not None and active < contacts_none.idx.shape[0]
 
-    def potential(contacts):
-        return lambda z: incremental_potential(z, problem, contacts)
+    def problem_of(s):
+        return problem._replace(context=problem.context._replace(friction=s.friction))
+
+    def potential(pb, contacts):
+        return lambda z: incremental_potential(z, pb, contacts)
 
     def gaps_at(z, cs):
         return contact_gaps(z, cs, radius, min_gap)[0]
 
     def cond(s: NewtonState):
-        return (~s.converged) & (s.code == 0) & (s.iteration < config.max_newton)
+        return (s.phase != DIRECTION) | ((~s.converged) & (s.code == 0) & (s.iteration < config.max_newton))
 
-    def assemble(s: NewtonState):
+    def assemble(s: NewtonState, pb):
         """∇Φ and the Hessian blocks at s.x, the assembly's active-row count, the reference."""
         x, cs = s.x, s.contacts
         if not compact:
-            g, hb = gradient_and_blocks(x, problem, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
+            g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
             return g, hb, hb.n_active, s.ref_x, s.ref_gap
         # the rows that may lie inside d̂ at x, by the reference's lower bound; when more
         # than the slots, the reference is retaken at x (the bound is then the gap itself)
@@ -178,16 +218,44 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
         lb = jnp.where(retake, ref_gap, lb)
         sub, n_near = compact_contacts(cs, lb < dhat, active)
         geom = stencil_geometry(x, sub, radius, min_gap)
-        g, hb = gradient_and_blocks(x, problem, sub, geometry=geom)
+        g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
         d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
         n_in = jnp.sum(sub.valid & (d - geom.off < dhat), dtype=jnp.int32)
         # n_near > active only after a retake, where it is the exact count inside d̂
         n_bar = jnp.where(n_near > active, n_near, n_in)
-        return g, hb, jnp.maximum(problem.context.friction.count, n_bar), ref_x, ref_gap
+        return g, hb, jnp.maximum(pb.context.friction.count, n_bar), ref_x, ref_gap
 
-    def body(s: NewtonState):
+    def finish(s: NewtonState, x2, *, cs2, st2, k, a0, code2, box2, rx2, rg2, a_taken, fact_ok, over):
+        """The end of an iteration, searched or stopped at its direction (``fact_ok``,
+        ``over``: the direction's solve succeeded, its assembly overflowed the slots)."""
+        code2 = jnp.where(s.converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
+        code2 = set_code(code2, StepCode.FACTORIZATION_FAILED, unless=fact_ok | over)
+        code2 = set_code(code2, StepCode.CAPACITY_OVERFLOW, where=over)
+        code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
+        return s._replace(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, code=code2,
+                          trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0), box=box2, ref_x=rx2,
+                          ref_gap=rg2, phase=jnp.int32(DIRECTION),
+                          expansions=s.expansions + ((code2 == 0) & (a_taken > 1.0)).astype(jnp.int32))
+
+    def query_phase(s: NewtonState):
+        """Candidates of the swept box x → x + dx and their gaps at x; at the start also the
+        friction set, the step-start contacts and the overlap flag."""
+        first = ~s.started
         x = s.x
-        g, hb, n_active, ref_x, ref_gap = assemble(s)
+        lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
+        c2, s2 = query(x, jnp.where(first, x, x + s.dx))
+        g2 = gaps_at(x, c2)
+        friction = jax.lax.cond(first, lambda: make_friction(c2), lambda: s.friction)
+        pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
+        return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)), box=pick((x, x), (lo, hi)), ref_x=x, ref_gap=g2,
+                          friction=friction, contacts0=pick(c2, s.contacts0),
+                          overlap=jnp.where(first, jnp.min(g2, initial=jnp.inf) <= 0, s.overlap),
+                          phase=jnp.where(first, DIRECTION, SEARCH).astype(jnp.int32), started=jnp.bool_(True))
+
+    def direction_phase(s: NewtonState):
+        x = s.x
+        pb = problem_of(s)
+        g, hb, n_active, ref_x, ref_gap = assemble(s, pb)
         direction = solver.direction(g, solver.init(hb))
         dxf, fact_ok = direction.value, direction.ok
         # more active contact rows than Capacity.active: the direction misses some; stop
@@ -198,10 +266,30 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
         step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
         converged = fact_ok & ~over & (step_norm < problem.controls.tolerance)
         slope = jnp.dot(g, dxf)
+        lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
+        inside = jnp.all(lo >= s.box[0] - half_skin) & jnp.all(hi <= s.box[1] + half_skin)
+        s2 = s._replace(stats=st, converged=converged, step_norm=step_norm, dx=dx, slope=slope, ref_x=ref_x,
+                        ref_gap=ref_gap)
+
+        def stay(s2):
+            # a failed direction or an overflow: the iteration ends here, x where it is
+            return finish(s2, x, cs2=s2.contacts, st2=st, k=jnp.int32(0), a0=jnp.asarray(1.0, x.dtype),
+                          code2=jnp.int32(0), box2=s2.box, rx2=ref_x, rg2=ref_gap, a_taken=jnp.asarray(0.0, x.dtype),
+                          fact_ok=fact_ok, over=over)
+
+        # x + Δx inside the last query's box ± skin/2: search now, else query first
+        return jax.lax.cond(fact_ok & ~over,
+                            lambda s2: s2._replace(phase=jnp.where(inside, SEARCH, QUERY).astype(jnp.int32)),
+                            stay, s2)
+
+    def search_phase(s: NewtonState):
+        x, dx, slope, converged = s.x, s.dx, s.slope, s.converged
+        pb = problem_of(s)
+        cs2, st2, box2, rx2, rg2 = s.contacts, s.stats, s.box, s.ref_x, s.ref_gap
 
         def over_all_rows(cs2):
-            a0 = step_bound(x, dx, cs2, problem, geometry=stencil_geometry(x, cs2, radius, min_gap))
-            phi = potential(cs2)
+            a0 = step_bound(x, dx, cs2, pb, geometry=stencil_geometry(x, cs2, radius, min_gap))
+            phi = potential(pb, cs2)
             phi0 = phi(x)
             return (a0,) + armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0) + (phi0,)
 
@@ -216,8 +304,8 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
                 fits = n_reach <= active
             else:
                 sub, fits = cs2, True
-            bound = step_bound(x, reach * dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
-            phi = potential(sub)
+            bound = step_bound(x, reach * dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
+            phi = potential(pb, sub)
             # more rows in reach than slots: no expansion (it is optional, so no overflow)
             cap = jnp.where(fits, reach * bound, 0.0)
             a2, _, k2 = jax.lax.cond(
@@ -227,69 +315,47 @@ def newton_solve(x_init, problem: StepProblem, contacts: ContactSet, stats: Cand
                 lambda: (a, jnp.zeros((), x.dtype), jnp.int32(0)))
             return a2, k + k2
 
-        # both branches: (x, contacts, stats, trials, step bound α₀, code, box, reference)
-        def move(_):
-            lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
-            inside = jnp.all(lo >= s.box[0] - half_skin) & jnp.all(hi <= s.box[1] + half_skin)
+        if compact:
+            lb2 = gap_lower_bound(x, rx2, rg2, cs2)
+            sub, n_reach = reach_contacts(dx, cs2, lb2, dhat, active)
+            a0 = step_bound(x, dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
+            phi = potential(pb, sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
+            phi0 = phi(x)
+            a, k, ok, val = armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0)
+            # more rows in reach than slots: the bound and Φ above missed some; stop with
+            # the overflow (the host grows the slots and redoes the step)
+            st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
+            over_reach = n_reach > active
+        else:
+            a0, a, k, ok, val, phi0 = over_all_rows(cs2)
+            lb2, over_reach = None, jnp.bool_(False)
+        if config.line_search_expansions:
+            # a full step that fell much further than the Newton model said: try longer ones
+            go = (ok & (k == 1) & (a0 >= 1.0) & ~converged & ~over_reach & (slope < 0)
+                  & (val - phi0 <= EXPAND_RATIO * slope))
+            a, k = jax.lax.cond(go, lambda: expand_step(cs2, box2, lb2, phi0=phi0, val=val, a=a, k=k),
+                                lambda: (a, k))
+        bad = (~ok) | (slope >= 0)
+        code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
+                          jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
+                                    jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
+        x2 = jnp.where(code2 == 0, x + a * dx, x)
+        return finish(s, x2, cs2=cs2, st2=st2, k=k, a0=a0, code2=code2, box2=box2, rx2=rx2, rg2=rg2, a_taken=a,
+                      fact_ok=jnp.bool_(True), over=jnp.bool_(False))
 
-            def requery(_):
-                c2, s2 = query_contacts(x, x + dx, model, config, capacity, skin=config.skin)
-                return c2, st.merge(s2), (lo, hi), x, gaps_at(x, c2)
+    def body(s: NewtonState):
+        return jax.lax.switch(s.phase, [query_phase, direction_phase, search_phase], s)
 
-            cs2, st2, box2, rx2, rg2 = jax.lax.cond(
-                inside, lambda _: (s.contacts, st, s.box, ref_x, ref_gap), requery, None)
-            if compact:
-                lb2 = gap_lower_bound(x, rx2, rg2, cs2)
-                sub, n_reach = reach_contacts(dx, cs2, lb2, dhat, active)
-                a0 = step_bound(x, dx, sub, problem, geometry=stencil_geometry(x, sub, radius, min_gap))
-                phi = potential(sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
-                phi0 = phi(x)
-                a, k, ok, val = armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0)
-                # more rows in reach than slots: the bound and Φ above missed some; stop with
-                # the overflow (the host grows the slots and redoes the step)
-                st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
-                over_reach = n_reach > active
-            else:
-                a0, a, k, ok, val, phi0 = over_all_rows(cs2)
-                lb2, over_reach = None, jnp.bool_(False)
-            if config.line_search_expansions:
-                # a full step that fell much further than the Newton model said: try longer ones
-                go = (ok & (k == 1) & (a0 >= 1.0) & ~converged & ~over_reach & (slope < 0)
-                      & (val - phi0 <= EXPAND_RATIO * slope))
-                a, k = jax.lax.cond(go, lambda: expand_step(cs2, box2, lb2, phi0=phi0, val=val, a=a, k=k),
-                                    lambda: (a, k))
-            bad = (~ok) | (slope >= 0)
-            code2 = jnp.where(st2.overflow, int(StepCode.CAPACITY_OVERFLOW),
-                              jnp.where(a0 <= 0, int(StepCode.ZERO_STEP_BOUND),
-                                        jnp.where(bad, int(StepCode.LINE_SEARCH_EXHAUSTED), 0))).astype(jnp.int32)
-            x2 = jnp.where(code2 == 0, x + a * dx, x)
-            return x2, cs2, st2, k, a0, code2, box2, rx2, rg2, a
-
-        def stay(_):
-            return (x, s.contacts, st, jnp.int32(0), jnp.asarray(1.0, x.dtype), jnp.int32(0), s.box, ref_x, ref_gap,
-                    jnp.asarray(0.0, x.dtype))
-
-        # The last, sub-tolerance direction is still taken (when the line search accepts it),
-        # so that motion slower than tolerance/dt is not quantised away; a rejected final
-        # step just leaves x where it is.
-        x2, cs2, st2, k, a0, code2, box2, rx2, rg2, a_taken = jax.lax.cond(fact_ok & ~over, move, stay, None)
-        code2 = jnp.where(converged, code2 & int(StepCode.CAPACITY_OVERFLOW), code2)
-        code2 = set_code(code2, StepCode.FACTORIZATION_FAILED, unless=fact_ok | over)
-        code2 = set_code(code2, StepCode.CAPACITY_OVERFLOW, where=over)
-        code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
-        return NewtonState(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, converged=converged,
-                           code=code2, trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0),
-                           step_norm=step_norm, box=box2, ref_x=rx2, ref_gap=rg2,
-                           expansions=s.expansions + ((code2 == 0) & (a_taken > 1.0)).astype(jnp.int32))
-
-    if gaps is None and compact:
-        gaps = gaps_at(x_init, contacts)
-    init = NewtonState(x=x_init, contacts=contacts, stats=stats, iteration=jnp.int32(0), converged=jnp.bool_(False),
-                       code=jnp.int32(0), trials=jnp.int32(0), min_bound=jnp.asarray(1.0, x_init.dtype),
-                       step_norm=jnp.asarray(jnp.inf, x_init.dtype), box=(x_init, x_init),
-                       ref_x=x_init, ref_gap=jnp.zeros(contacts.idx.shape[0], x_init.dtype) if gaps is None else gaps,
-                       expansions=jnp.int32(0))
+    friction_none = zeros(jax.eval_shape(make_friction, contacts_none))
+    init = NewtonState(x=x_init, contacts=contacts_none, stats=zeros(stats_shape), iteration=jnp.int32(0),
+                       converged=jnp.bool_(False), code=jnp.int32(0), trials=jnp.int32(0),
+                       min_bound=jnp.asarray(1.0, x_init.dtype), step_norm=jnp.asarray(jnp.inf, x_init.dtype),
+                       box=(x_init, x_init), ref_x=x_init,
+                       ref_gap=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype), expansions=jnp.int32(0),
+                       phase=jnp.int32(QUERY), dx=jnp.zeros_like(x_init), slope=jnp.zeros((), x_init.dtype),
+                       friction=friction_none, contacts0=contacts_none, overlap=jnp.bool_(False),
+                       started=jnp.bool_(False))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
-    return s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats,
-                                       s.expansions)
+    return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions),
+            s.contacts0, s.overlap)

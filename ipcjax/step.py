@@ -3,9 +3,10 @@
 :func:`step` is the jittable core: ``step(model, params, state, controls, dt, config=…,
 capacity=…) -> (state, StepInfo)``. It never raises; a failed step returns the input
 state and a non-zero ``info.code`` (:class:`~ipcjax.result.StepCode`). Inside it,
-:func:`solve_positions` queries the step-start contacts, builds the step's
-:class:`~ipcjax.problem.StepProblem` from its inputs (:func:`step_problem`: inertial
-target, lagged friction) and runs the Newton solve (:mod:`ipcjax.newton`).
+:func:`solve_positions` builds the step's :class:`~ipcjax.problem.StepProblem` from its
+inputs (:func:`step_problem`: inertial target) and runs the Newton solve
+(:mod:`ipcjax.newton`), whose first pass queries the step-start contacts and freezes the
+lagged friction set over them.
 
 :func:`advance` is the host-level driver: it validates the input, reallocates candidate
 buffers above the real counts on overflow and redoes the step, and on a retryable failure
@@ -56,14 +57,16 @@ def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
     Its context holds the inertial target (with the film drag −drag·m·v₀ as an external
     force) and the lagged friction set frozen at x₀ over the step-start contacts
     ``contacts0`` (compacted into ``active`` rows when that is given, see
-    :func:`ipcjax.stencils.friction_set`).
+    :func:`ipcjax.stencils.friction_set`); with ``contacts0`` None, no friction set
+    (:func:`ipcjax.newton.newton_solve` freezes it from its own step-start query).
     """
     params, x0, v0, controls, dt = inputs
     free = ~model.fixed
     force = controls.force - (params.drag * model.mass)[:, None] * v0 * model.film[:, None]
     y = inertial_target(x0, v0, dt, mass=model.mass, free=free, gravity=params.gravity, force=force)
     ctx = StepContext(x0=x0, y=y, dt=dt,
-                      friction=friction_set(x0, contacts0, model.radius, params, config, active=active))
+                      friction=None if contacts0 is None else
+                      friction_set(x0, contacts0, model.radius, params, config, active=active))
     return StepProblem(model=model, params=params, controls=controls, context=ctx, config=config)
 
 
@@ -73,12 +76,11 @@ def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
     Returns (x*, contacts at x*, step-start contacts, SolveInfo, initial_overlap flag).
     Used by :func:`step` and by the implicit VJP (:mod:`ipcjax.implicit`).
     """
-    x0 = inputs.x0
-    contacts0, stats0 = query_contacts(x0, x0, model, config, capacity, skin=config.skin)
-    g0, _, _ = contact_gaps(x0, contacts0, model.radius, config.min_gap)
-    overlap = jnp.min(g0, initial=jnp.inf) <= 0
-    problem = step_problem(model, config, inputs, contacts0, active=active_size(capacity))
-    x, cs, sinfo = newton_solve(x0, problem, contacts0, stats0, capacity=capacity, gaps=g0)
+    active = active_size(capacity)
+    problem = step_problem(model, config, inputs, None)
+    make_friction = lambda contacts0: friction_set(inputs.x0, contacts0, model.radius, inputs.params, config,
+                                                   active=active)
+    x, cs, sinfo, contacts0, overlap = newton_solve(inputs.x0, problem, make_friction, capacity=capacity)
     return x, cs, contacts0, sinfo, overlap
 
 
