@@ -4,7 +4,8 @@ program's compile time, by source").
 
 A child process (so that XLA's flags and logging are set before JAX starts) lowers and
 compiles the jitted ``ipcjax.step.step`` of the README's drape (10 × 10 film, the dense
-solver) under the test suite's kernel emitter (``--xla_cpu_use_fusion_emitters=false``,
+solver), or with ``--program gradient`` the README's gradient (``jax.jit`` of ``jax.grad``
+of the drape's 10-step rollout through the implicit VJP), under the test suite's kernel emitter (``--xla_cpu_use_fusion_emitters=false``,
 tests/conftest.py; ``--xla-flags`` replaces it), with XLA's dump of every kernel's LLVM IR.
 It prints:
 
@@ -16,7 +17,7 @@ It prints:
   itself carry no source and are named by their kind, e.g. "(no source: reduce-window)"
   for the windows of XLA's tree reduction of long reductions; and by file.
 
-    python3 benchmarks/kernel_census.py [--top 25] [--tree PATH] [--json out.json]
+    python3 benchmarks/kernel_census.py [--program step|gradient] [--top 25] [--tree PATH] [--json out.json]
 
 ``--tree`` measures another checkout (e.g. a ``git worktree`` of an older commit) with
 this script. The census is one compile; its time varies by ±10 % from run to run here, so
@@ -38,21 +39,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 
 
-def child(tree: str) -> None:
+#: The programs the census can take, by the name XLA gives their module.
+PROGRAMS = {"step": "jit_step", "gradient": "jit_gradient"}
+
+
+def child(tree: str, program: str) -> None:
     sys.path.insert(0, tree)
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
     from ipcjax import capacity as C
+    from ipcjax.implicit import make_rollout, stack_controls
     from ipcjax.model import Config, Controls, Params
     from ipcjax.step import make_state, step
     from scenes.film import drape_scene
 
     scene = drape_scene(n=10)
     m = scene.model
-    cap = C.resolve_capacity(C.initial_capacity(m.topology), m.topology)
-    lowered = step.lower(m, Params.film_defaults(), make_state(scene.x), Controls.empty(m.n_particles), 1 / 240,
-                         config=Config(), capacity=cap)
+    if program == "step":
+        cap = C.resolve_capacity(C.initial_capacity(m.topology), m.topology)
+        lowered = step.lower(m, Params.film_defaults(), make_state(scene.x), Controls.empty(m.n_particles),
+                             1 / 240, config=Config(), capacity=cap)
+    else:  # the README's gradient: d(mean height after 10 steps)/d(parameters)
+        roll = make_rollout(m, Config())
+        ctl = stack_controls([Controls.empty(m.n_particles)] * 10)
+        x0 = jnp.asarray(scene.x)
+        roll(Params.film_defaults(), x0, jnp.zeros_like(x0), ctl, 1 / 240)  # sizes the capacity outside jit
+
+        def gradient(p):
+            return jax.grad(lambda q: roll(q, x0, jnp.zeros_like(x0), ctl, 1 / 240)[0][-1, :, 2].mean())(p)
+
+        lowered = jax.jit(gradient).lower(Params.film_defaults())
     t0 = time.perf_counter()
     compiled = lowered.compile()
     wall = time.perf_counter() - t0
@@ -83,7 +102,7 @@ def _frames(txt: str):
     return out
 
 
-def census(hlo: str, dump: str, top: int) -> dict:
+def census(hlo: str, dump: str, top: int, module: str) -> dict:
     frames = _frames(hlo)
     info = {}
     for line in hlo.splitlines():
@@ -97,7 +116,7 @@ def census(hlo: str, dump: str, top: int) -> dict:
     by_file = collections.Counter()
     total = 0
     for name in os.listdir(dump):
-        if ".jit_step." not in name or not name.endswith("ir-no-opt.ll"):
+        if f".{module}." not in name or not name.endswith("ir-no-opt.ll"):
             continue
         with open(os.path.join(dump, name)) as f:
             ir = f.read()
@@ -129,19 +148,23 @@ def census(hlo: str, dump: str, top: int) -> dict:
 
 def main() -> int:
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2])
+        child(sys.argv[2], sys.argv[3])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--program", choices=sorted(PROGRAMS), default="step",
+                    help="step: the drape's jitted step; gradient: jit(grad) of its 10-step rollout")
     ap.add_argument("--tree", default=ROOT, help="the checkout to measure (default: this one)")
     ap.add_argument("--xla-flags", default=TEST_FLAGS)
     ap.add_argument("--json")
     args = ap.parse_args()
+    module = PROGRAMS[args.program]
     with tempfile.TemporaryDirectory() as tmp:
         dump, hlo_path = os.path.join(tmp, "dump"), os.path.join(tmp, "step.hlo")
         env = dict(os.environ, CENSUS_HLO=hlo_path, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1",
-                   XLA_FLAGS=f"{args.xla_flags} --xla_dump_to={dump} --xla_dump_hlo_module_re=jit_step")
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", os.path.abspath(args.tree)],
+                   XLA_FLAGS=f"{args.xla_flags} --xla_dump_to={dump} --xla_dump_hlo_module_re={module}")
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", os.path.abspath(args.tree),
+                            args.program],
                            capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise SystemExit(f"the child failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
@@ -151,9 +174,10 @@ def main() -> int:
         with open(hlo_path) as f:
             doc = dict(command="python3 benchmarks/kernel_census.py " + " ".join(sys.argv[1:]),
                        tree=os.path.abspath(args.tree), xla_flags=args.xla_flags, compile_s=round(wall, 1),
-                       hlo_passes_s=round(phase(r"Running HLO passes on \[jit_step\] for CPU"), 1),
-                       llvm_codegen_s=round(phase(r"Compiling \[jit_step\] for CPU using JIT"), 1),
-                       **census(f.read(), dump, args.top))
+                       program=args.program,
+                       hlo_passes_s=round(phase(rf"Running HLO passes on \[{module}\] for CPU"), 1),
+                       llvm_codegen_s=round(phase(rf"Compiling \[{module}\] for CPU using JIT"), 1),
+                       **census(f.read(), dump, args.top, module))
     text = json.dumps(doc, indent=1)
     print(text)
     if args.json:
