@@ -167,7 +167,7 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
 
     The loop's first pass queries the candidates at x_init with ``skin=config.skin``
     (``capacity``, static, sizes them and the active rows) and freezes the friction set
-    ``make_friction(contacts)`` (a :class:`~ipcjax.stencils.FrictionSet`), which replaces
+    ``make_friction(contacts)`` (a :class:`~ipcjax.problem.FrictionSet`), which replaces
     ``problem.context.friction`` for the whole solve.
     """
     model, config = problem.model, problem.config
@@ -247,8 +247,8 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         g2 = gaps_at(x, c2)
         friction = jax.lax.cond(first, lambda: make_friction(c2), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
-        return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)), box=pick((x, x), (lo, hi)), ref_x=x, ref_gap=g2,
-                          friction=friction, contacts0=pick(c2, s.contacts0),
+        return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)), box=pick((x, x), (lo, hi)), ref_x=x,
+                          ref_gap=g2, friction=friction, contacts0=pick(c2, s.contacts0),
                           overlap=jnp.where(first, jnp.min(g2, initial=jnp.inf) <= 0, s.overlap),
                           phase=jnp.where(first, DIRECTION, SEARCH).astype(jnp.int32), started=jnp.bool_(True))
 
