@@ -121,7 +121,10 @@ def _child(job: str, solver: str, steps: int, out: str) -> None:
         model, params, config, dt = sc.model, sc.params, sc.config, sc.dt
         state = make_state(sc.x)
         choreo = sc.choreography
-        controls = lambda k, t, x: (choreo.observe(t, x), choreo.controls_at(k, t))[1]
+
+        def controls(k, t, x):  # as run_bag does: the choreography sees the film, then steers
+            choreo.observe(t, x)
+            return choreo.controls_at(k, t)
     else:
         from scenes.film import edge_edge_scene, vertex_triangle_scene
 

@@ -13,7 +13,7 @@ It prints:
 * the number of kernels (fusion instructions of the optimised HLO) and of LLVM IR bytes;
 * the IR bytes and kernels by the innermost Python function of each kernel's source
   (XLA keeps a stack frame per instruction), and by region: the candidate query
-  (``find_candidates``), the Newton loop's requery branch, the rest; kernels XLA adds
+  (``find_candidates``, every copy of it) and the rest; kernels XLA adds
   itself carry no source and are named by their kind, e.g. "(no source: reduce-window)"
   for the windows of XLA's tree reduction of long reductions; and by file.
 
@@ -133,8 +133,7 @@ def census(hlo: str, dump: str, top: int, module: str) -> dict:
             by_file["(no source)" if src.startswith("(") else src.split(":")[0]] += size
             by_fn[src] += size
             n_fn[src] += 1
-            region = ("the candidate query (find_candidates)" if "find_candidates" in op else
-                      "the requery branch, outside the query" if "branch_0_fun" in op else "the rest")
+            region = "the candidate query (find_candidates)" if "find_candidates" in op else "the rest"
             by_region[region] += size
     kernels = len(re.findall(r" fusion\(", hlo))
     return dict(
