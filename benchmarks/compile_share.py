@@ -8,7 +8,7 @@ of the test's wall time is running, Python and I/O. Prints one line per test, sl
 and the totals; ``--programs N`` adds each test's N longest compilations by function name;
 ``--json`` writes the per-test figures.
 
-    python3 benchmarks/compile_share.py tests/test_fitting.py "tests/test_implicit.py::test_backward_solve_with_too_few_active_rows_uses_every_row"
+    python3 benchmarks/compile_share.py tests/test_fitting.py "tests/test_implicit.py::test_backward_solve_with_too_few_active_rows_refuses"
     python3 -m pytest -q -n 0 --durations=40 > durations.txt
     python3 benchmarks/compile_share.py --slowest 27 durations.txt   # the 27 slowest of that listing
 

@@ -102,6 +102,21 @@ def _frames(txt: str):
     return out
 
 
+#: Regions by the JAX named scopes (and functions) that a kernel's op_name passes through,
+#: innermost first: the implicit VJP's scopes (ipcjax/implicit.py) split what XLA's source
+#: frames cannot, the forward solve of a differentiated step from its backward pass.
+REGIONS = (("find_candidates", "the candidate query (find_candidates)"),
+           ("solve_at_every_row", "backward: the every-row fallback solve"),
+           ("solve_at_active_rows", "backward: the active-row solve"),
+           ("implicit_vjp", "backward: the VJP over the step's inputs"),
+           ("implicit_backward", "backward: the rest"),
+           ("implicit_forward", "the differentiated step's forward solve"))
+
+
+def _region(op: str) -> str:
+    return next((name for key, name in REGIONS if key in op), "the rest")
+
+
 def census(hlo: str, dump: str, top: int, module: str) -> dict:
     frames = _frames(hlo)
     info = {}
@@ -133,7 +148,7 @@ def census(hlo: str, dump: str, top: int, module: str) -> dict:
             by_file["(no source)" if src.startswith("(") else src.split(":")[0]] += size
             by_fn[src] += size
             n_fn[src] += 1
-            region = "the candidate query (find_candidates)" if "find_candidates" in op else "the rest"
+            region = _region(op)
             by_region[region] += size
     kernels = len(re.findall(r" fusion\(", hlo))
     return dict(

@@ -39,9 +39,13 @@ outside ``jit`` grows the candidate capacity and runs again.
 Nothing of the forward factorization is kept: the backward pass recomputes the Hessian
 at the saved x*, so a rollout stores per step only x*, the step's inputs and its contact
 stencils. Like the forward, it assembles the barrier only over the stencils inside d̂
-(``Capacity.active`` rows); if x* has more of them than that — possible, since the
-forward's last assembly was one small step before x* — it solves with every candidate
-row instead (both paths are compiled; only one runs), so no contact is ever left out.
+(``Capacity.active`` rows). x* never has more of them than that: it lies on the segment
+of the solve's last line search, which ran over every row within reach of that segment,
+and more of those than the rows is a capacity overflow of the forward. Should x* have
+more all the same, the backward raises :class:`BackwardFailed`
+(``LinearStatus.TOO_FEW_ROWS``) rather than leave a contact out. The rollout's FP32 gap
+recheck is taken inside the forward, on the solve's last candidate set, as the jitted
+step takes it; so a differentiated step queries candidates once.
 """
 from __future__ import annotations
 
@@ -78,20 +82,18 @@ def solve_at(x, problem: StepProblem, contacts: ContactSet, rhs, *, projection: 
     The linear solver is the one ``config.linear_solver`` names (:mod:`ipcjax.linear_solvers`);
     its :class:`~ipcjax.linear_solvers.LinearSolution` comes back whole (``value`` is NaN
     unless ``status`` is SUCCESSFUL). H is assembled over the barrier stencils inside d̂
-    compacted into ``active`` rows (None: every candidate row); when x has more of them,
-    the solve is redone with every row (``lax.cond``: both are compiled, one runs), so the
-    result never misses a contact.
+    compacted into ``active`` rows (None: every candidate row). When x has more of them
+    than ``active``, the solution is NaN with the status ``TOO_FEW_ROWS``: the result never
+    misses a contact silently. A rollout's x* always fits (:func:`make_solve`).
     """
     solver = linear_solver(problem.config)
-
-    def solve_with(rows):
-        _, hb = gradient_and_blocks(x, problem, contacts, projection=projection, active=rows)
-        return solver.solve(solver.init(hb), rhs, projection), hb.n_active
-
-    sol, n_active = solve_with(active)
-    if active is None:
+    with jax.named_scope("solve_at_active_rows"):
+        _, hb = gradient_and_blocks(x, problem, contacts, projection=projection, active=active)
+        sol = solver.solve(solver.init(hb), rhs, projection)
+    if active is None or hb.n_active is None:  # no compaction, or no contact term
         return sol
-    return jax.lax.cond(n_active <= active, lambda: sol, lambda: solve_with(None)[0])
+    status = jnp.where(hb.n_active > active, jnp.int32(LinearStatus.TOO_FEW_ROWS), sol.status)
+    return LinearSolution.masked(sol.value, status, sol.stats, jnp.nan)
 
 
 def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProjection = "exact",
@@ -101,11 +103,21 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
     x* is the unrounded FP64 minimiser; ``code`` is the solve's StepCode (int32). The
     VJP is the implicit one described in the module docstring; ``hessian`` is its
     :class:`~ipcjax.energies.PSDProjection` ("exact" or "projected"). With ``with_stats`` it
-    returns ``(x*, code, stats, kinks)``: the solve's :class:`~ipcjax.newton.CandidateStats`
-    (what a capacity overflow needed) and the number of friction stencils at x₀ on a
-    closest-feature boundary (:func:`ipcjax.stencils.friction_kinks`). A backward solve
-    that fails (a singular Hessian, CG short of its tolerance) raises
-    :class:`BackwardFailed` instead of a NaN gradient.
+    returns ``(x*, code, stats, kinks, rounded_gap)``: the solve's
+    :class:`~ipcjax.newton.CandidateStats` (what a capacity overflow needed), the number
+    of friction stencils at x₀ on a closest-feature boundary
+    (:func:`ipcjax.stencils.friction_kinks`), and the smallest gap at x* rounded to FP32,
+    taken on the solve's last candidate set (:func:`ipcjax.step.recheck_rounded`, as the
+    jitted step takes it; no second query). A backward solve that fails (a singular
+    Hessian, CG short of its tolerance) raises :class:`BackwardFailed` instead of a NaN
+    gradient.
+
+    The backward assembles over ``Capacity.active`` rows, and a solved step's x* never has
+    more stencils inside d̂ than that: x* lies on the segment of the solve's last line search,
+    which ran over every row within reach of that segment, and more of those than the rows
+    is a ``CAPACITY_OVERFLOW`` of the forward (:mod:`ipcjax.newton`). Should it happen all
+    the same, the backward raises (``LinearStatus.TOO_FEW_ROWS``) rather than leave a
+    contact out.
 
     Raises:
         ValueError: an unknown ``hessian``.
@@ -116,32 +128,39 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
     def forward(inputs: StepInputs):
         x, cs, cs0, sinfo, overlap = solve_positions(model, inputs, config, capacity)
         code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
-        kinks = (friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config) if with_stats
-                 else jnp.int32(0))
-        return (x, code, sinfo.stats, kinks), (cs, cs0)
+        if not with_stats:
+            return (x, code), (cs, cs0, code)
+        kinks = friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config)
+        x32 = jax.lax.stop_gradient(x).astype(jnp.float32)
+        rounded_gap, _ = recheck_rounded(model, x32, config, capacity, contacts=cs)
+        return (x, code, sinfo.stats, kinks, rounded_gap), (cs, cs0, code)
 
     @jax.custom_vjp
     def solve(inputs: StepInputs):
         return forward(inputs)[0]
 
     def fwd(inputs: StepInputs):
-        out, (cs, cs0) = forward(inputs)
-        return out, (out[0], cs, cs0, inputs)
+        with jax.named_scope("implicit_forward"):
+            out, (cs, cs0, code) = forward(inputs)
+        return out, (out[0], cs, cs0, code, inputs)
 
+    @jax.named_scope("implicit_backward")
     def bwd(res, cot):
         # one VJP over the step's inputs θ: θ̄ = uᵀ ∂G/∂θ with H u = −x̄ (module docstring)
-        x, cs, cs0, inputs = res
+        x, cs, cs0, code, inputs = res
         xbar = cot[0]
         problem = step_problem(model, config, inputs, cs0, active=active)
         sol = solve_at(x, problem, cs, -xbar[model.free_particles].reshape(-1), projection=projection, active=active)
-        jax.debug.callback(_check_backward, sol.status)
+        # a failed step raises in the forward's check; its backward has nothing to report
+        jax.debug.callback(_check_backward, jnp.where(code == 0, sol.status, jnp.int32(LinearStatus.SUCCESSFUL)))
         u = sol.value  # NaN unless the solve succeeded
         def G(theta):  # x*'s fixed entries are x₀'s
             x_tied = jnp.where(model.fixed[:, None], theta.x0, x)
             return free_gradient(x_tied, step_problem(model, config, theta, cs0, active=active), cs)
 
-        _, vjp = jax.vjp(G, inputs)
-        (theta_bar,) = vjp(u)
+        with jax.named_scope("implicit_vjp"):
+            _, vjp = jax.vjp(G, inputs)
+            (theta_bar,) = vjp(u)
         # fixed particles: x*ᵢ = x₀ᵢ, their cotangent flows straight to x₀
         return (theta_bar._replace(x0=theta_bar.x0 + jnp.where(model.fixed[:, None], xbar, 0.0)),)
 
@@ -209,10 +228,13 @@ def _raise(err):
 def _check_backward(status):
     """Host check after a backward solve: raise :class:`BackwardFailed` naming its status."""
     status = int(np.asarray(status))
-    if status != LinearStatus.SUCCESSFUL:
-        _raise(BackwardFailed(f"the implicit backward solve of a rollout step failed: "
-                              f"{LinearStatus.describe(status)} (the Hessian at x*, or CG on it); "
-                              "the gradient would be NaN", status=status))
+    if status == LinearStatus.SUCCESSFUL:
+        return
+    what = ("more stencils inside d̂ at x* than the capacity's active rows, which the forward's reach check "
+            "rules out: please report the scene; a larger Capacity.active avoids it"
+            if status == LinearStatus.TOO_FEW_ROWS else "the Hessian at x*, or CG on it")
+    _raise(BackwardFailed(f"the implicit backward solve of a rollout step failed: {LinearStatus.describe(status)} "
+                          f"({what}); the gradient would be NaN", status=status))
 
 
 def _check_codes(codes, stats: CandidateStats):
@@ -337,14 +359,10 @@ class Rollout:
 
             def body(carry, ctl):
                 x, v = carry
-                x_new, code, stats, kinks = solve(params, x, v, ctl, dt)
+                x_new, code, stats, kinks, rounded_gap = solve(params, x, v, ctl, dt)
                 if round_fp32:
-                    x32 = x_new.astype(jnp.float32)
-                    gap, st = recheck_rounded(model, jax.lax.stop_gradient(x32), config, capacity)
-                    stats = stats.merge(st)
-                    code = set_code(code, StepCode.GAP_LOST_IN_ROUNDING, where=gap <= 0)
-                    code = set_code(code, StepCode.CAPACITY_OVERFLOW, where=st.overflow)
-                    x_new = x32.astype(jnp.float64)
+                    code = set_code(code, StepCode.GAP_LOST_IN_ROUNDING, where=rounded_gap <= 0)
+                    x_new = x_new.astype(jnp.float32).astype(jnp.float64)
                 v_new = (x_new - x) / dt
                 ok = code == 0
                 x_out = jnp.where(ok, x_new, x)

@@ -49,6 +49,7 @@ class LinearStatus(enum.IntEnum):
     SINGULAR = 3                # a zero pivot, or a non-finite solution of a finite system
     MAX_ITERATIONS = 4          # CG stopped at its iteration cap short of its tolerance
     BREAKDOWN = 5               # CG met a non-positive curvature pᵀHp: H is not positive definite
+    TOO_FEW_ROWS = 6            # more stencils inside d̂ than the assembly's rows (Capacity.active): no solve
 
     @classmethod
     def describe(cls, status: int) -> str:
