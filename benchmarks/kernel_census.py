@@ -12,8 +12,11 @@ It prints:
 * the compile's two phases, from XLA's own timers: HLO passes, then LLVM code generation;
 * the number of kernels (fusion instructions of the optimised HLO) and of LLVM IR bytes;
 * the IR bytes and kernels by the innermost Python function of each kernel's source
-  (XLA keeps a stack frame per instruction), and by region: the candidate query
-  (``find_candidates``, every copy of it) and the rest; kernels XLA adds
+  (XLA keeps a stack frame per instruction), and by region (``REGIONS``: the named scope
+  or function in each instruction's ``op_name``): the candidate query (``find_candidates``,
+  every copy of it), in a gradient program the differentiated step's forward solve and
+  the parts of its backward (XLA's source frames stop at the ``custom_vjp`` call), and
+  the rest; kernels XLA adds
   itself carry no source and are named by their kind, e.g. "(no source: reduce-window)"
   for the windows of XLA's tree reduction of long reductions; and by file.
 
