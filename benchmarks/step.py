@@ -121,7 +121,7 @@ def main(argv=None):
         return armijo(phi, x, dx, cfg, phi0=phi_x, slope=jnp.dot(g, dxf), alpha0=a0)
 
     # the solve queries at x itself; the friction set stays the one frozen above
-    frozen = lambda contacts0: problem.context.friction
+    frozen = lambda contacts0, gaps0: problem.context.friction
     solve = jax.jit(lambda x: newton_solve(x, problem, frozen, capacity=cap))
     _, _, sinfo, _, _ = solve(x)
     solve_iterations = int(sinfo.iterations)

@@ -126,11 +126,11 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
     active = active_size(capacity)
 
     def forward(inputs: StepInputs):
-        x, cs, cs0, sinfo, overlap = solve_positions(model, inputs, config, capacity)
-        code = result_code(sinfo, overlap, jnp.inf, sinfo.stats)
+        x, cs, cs0, sinfo, gaps0 = solve_positions(model, inputs, config, capacity)
+        code = result_code(sinfo, gaps0, jnp.inf, sinfo.stats)
         if not with_stats:
             return (x, code), (cs, cs0, code)
-        kinks = friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config)
+        kinks = friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config, gaps0=gaps0)
         x32 = jax.lax.stop_gradient(x).astype(jnp.float32)
         rounded_gap, _ = recheck_rounded(model, x32, config, capacity, contacts=cs)
         return (x, code, sinfo.stats, kinks, rounded_gap), (cs, cs0, code)

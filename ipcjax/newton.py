@@ -1,8 +1,9 @@
 """The Newton solve of one timestep: direction, conservative step bound, Armijo line search.
 
 One bounded ``lax.while_loop`` over a :class:`NewtonState`. Its first pass queries the
-candidates at x₀ (with ``config.skin``), takes their gaps (an initial overlap is flagged)
-and freezes the lagged friction set over them; then each iteration
+candidates at x₀ (with ``config.skin``), takes their gaps (returned: a gap ≤ 0 is an
+initial overlap) and freezes the lagged friction set from the same closest points; then
+each iteration
 
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks
    (:func:`ipcjax.potential.gradient_and_blocks`),
@@ -49,7 +50,10 @@ Each pass of the loop runs one phase of an iteration (``lax.switch``): QUERY (th
 step-start query and every requery), DIRECTION (steps 1–3) and SEARCH (steps 5–6). So the
 candidate query, the largest piece of the program after the closest-point code, is
 compiled once, not once before the loop and once in it: a step program's LLVM code is
-13 % smaller (docs/benchmarks.md "One copy of the candidate query"). A direction
+13 % smaller (docs/benchmarks.md "One copy of the candidate query"). The gaps over every
+candidate row are compiled once too: QUERY takes them for the reference, for the
+overlap check and for the friction set, and also retakes the reference when DIRECTION
+asks it to. A direction
 whose swept box leaves the last query's box ± skin/2 is carried, unchanged, through QUERY
 to SEARCH, so the iterates are bit for bit those of a loop that ran a whole iteration per
 pass.
@@ -134,9 +138,11 @@ class NewtonState(NamedTuple):
 
     A pass of the loop is one of three phases, so that each is compiled once: QUERY (the
     candidates of the swept box x → x + dx and their gaps at x: the step-start query at
-    x₀, which also freezes the friction set, and every requery), DIRECTION (assembly and
-    linear solve) and SEARCH (step bound and line search along dx). A Newton iteration is
-    DIRECTION, then QUERY when x + dx leaves the last query's box ± skin/2, then SEARCH.
+    x₀, which also freezes the friction set, every requery, and the reference gaps retaken
+    without a query), DIRECTION (assembly and linear solve) and SEARCH (step bound and line
+    search along dx). A Newton iteration is DIRECTION, then QUERY when x + dx leaves the
+    last query's box ± skin/2, then SEARCH; a DIRECTION whose reference lets more rows
+    through than the slots hold goes through QUERY to retake it first.
     """
 
     x: jnp.ndarray               # (N, 3) iterate, m (FP64)
@@ -157,18 +163,21 @@ class NewtonState(NamedTuple):
     slope: jnp.ndarray           # () ∇Φ·Δx of that direction
     friction: FrictionSet        # the lagged friction set, frozen by the step-start query
     contacts0: ContactSet        # the step-start candidates
-    overlap: jnp.ndarray         # () bool: a step-start gap ≤ 0
+    gaps0: jnp.ndarray           # (M,) the step-start contacts' gaps at x₀ (+∞ for padding), m
     started: jnp.ndarray         # () bool: the step-start query is done
+    ref_here: jnp.ndarray        # () bool: ref_x is x (the reference was taken at this iterate)
+    regap: jnp.ndarray           # () bool: the next QUERY pass only retakes the reference gaps
 
 
 def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
     """Minimise Φ from x_init (feasible). Returns (x*, contacts at x*, SolveInfo,
-    step-start contacts, initial-overlap flag).
+    step-start contacts, their gaps at x_init); a step-start gap ≤ 0 is an initial overlap.
 
     The loop's first pass queries the candidates at x_init with ``skin=config.skin``
-    (``capacity``, static, sizes them and the active rows) and freezes the friction set
-    ``make_friction(contacts)`` (a :class:`~ipcjax.problem.FrictionSet`), which replaces
-    ``problem.context.friction`` for the whole solve.
+    (``capacity``, static, sizes them and the active rows), takes their
+    :func:`~ipcjax.stencils.contact_gaps` ``(g, w, n)`` and freezes the friction set
+    ``make_friction(contacts, (g, w, n))`` (a :class:`~ipcjax.problem.FrictionSet`), which
+    replaces ``problem.context.friction`` for the whole solve.
     """
     model, config = problem.model, problem.config
     F = model.n_free
@@ -198,32 +207,28 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
     def potential(pb, contacts):
         return lambda z: incremental_potential(z, pb, contacts)
 
-    def gaps_at(z, cs):
-        return contact_gaps(z, cs, radius, min_gap)[0]
-
     def cond(s: NewtonState):
         return (s.phase != DIRECTION) | ((~s.converged) & (s.code == 0) & (s.iteration < config.max_newton))
 
+    def near_rows(s: NewtonState):
+        """The rows that may lie inside d̂ at s.x, by the reference's lower bound."""
+        return gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts) < dhat
+
     def assemble(s: NewtonState, pb):
-        """∇Φ and the Hessian blocks at s.x, the assembly's active-row count, the reference."""
+        """∇Φ and the Hessian blocks at s.x, and the assembly's active-row count."""
         x, cs = s.x, s.contacts
         if not compact:
             g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
-            return g, hb, hb.n_active, s.ref_x, s.ref_gap
-        # the rows that may lie inside d̂ at x, by the reference's lower bound; when more
-        # than the slots, the reference is retaken at x (the bound is then the gap itself)
-        lb = gap_lower_bound(x, s.ref_x, s.ref_gap, cs)
-        retake = jnp.sum(lb < dhat) > active
-        ref_x, ref_gap = jax.lax.cond(retake, lambda: (x, gaps_at(x, cs)), lambda: (s.ref_x, s.ref_gap))
-        lb = jnp.where(retake, ref_gap, lb)
-        sub, n_near = compact_contacts(cs, lb < dhat, active)
+            return g, hb, hb.n_active
+        sub, n_near = compact_contacts(cs, near_rows(s), active)
         geom = stencil_geometry(x, sub, radius, min_gap)
         g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
         d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
         n_in = jnp.sum(sub.valid & (d - geom.off < dhat), dtype=jnp.int32)
-        # n_near > active only after a retake, where it is the exact count inside d̂
+        # n_near > active only with the reference at x (see direction_phase), where it is
+        # the exact count inside d̂
         n_bar = jnp.where(n_near > active, n_near, n_in)
-        return g, hb, jnp.maximum(pb.context.friction.count, n_bar), ref_x, ref_gap
+        return g, hb, jnp.maximum(pb.context.friction.count, n_bar)
 
     def finish(s: NewtonState, x2, *, cs2, st2, k, a0, code2, box2, rx2, rg2, a_taken, fact_ok, over):
         """The end of an iteration, searched or stopped at its direction (``fact_ok``,
@@ -234,28 +239,44 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
         return s._replace(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, code=code2,
                           trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0), box=box2, ref_x=rx2,
-                          ref_gap=rg2, phase=jnp.int32(DIRECTION),
+                          ref_gap=rg2, phase=jnp.int32(DIRECTION), ref_here=jnp.bool_(False),
                           expansions=s.expansions + ((code2 == 0) & (a_taken > 1.0)).astype(jnp.int32))
 
     def query_phase(s: NewtonState):
-        """Candidates of the swept box x → x + dx and their gaps at x; at the start also the
-        friction set, the step-start contacts and the overlap flag."""
-        first = ~s.started
+        """Candidates of the swept box x → x + dx and their gaps at x (the reference); at the
+        start also the friction set (from the same closest points), the step-start contacts
+        and their gaps. With ``s.regap`` only the reference is retaken, on the same
+        candidates, and the direction goes on (the one copy of the gaps in the program)."""
+        first, regap = ~s.started, s.regap
         x = s.x
         lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
-        c2, s2 = query(x, jnp.where(first, x, x + s.dx))
-        g2 = gaps_at(x, c2)
-        friction = jax.lax.cond(first, lambda: make_friction(c2), lambda: s.friction)
+        c2, s2 = jax.lax.cond(regap, lambda: (s.contacts, s.stats),
+                              lambda: query(x, jnp.where(first, x, x + s.dx)))
+        at_x = contact_gaps(x, c2, radius, min_gap)  # one copy of the closest-point code for both
+        g2 = at_x[0]
+        friction = jax.lax.cond(first, lambda: make_friction(c2, at_x), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
-        return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)), box=pick((x, x), (lo, hi)), ref_x=x,
-                          ref_gap=g2, friction=friction, contacts0=pick(c2, s.contacts0),
-                          overlap=jnp.where(first, jnp.min(g2, initial=jnp.inf) <= 0, s.overlap),
-                          phase=jnp.where(first, DIRECTION, SEARCH).astype(jnp.int32), started=jnp.bool_(True))
+        return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)),
+                          box=jax.tree_util.tree_map(lambda u, v: jnp.where(regap, u, v), s.box,
+                                                     pick((x, x), (lo, hi))),
+                          ref_x=x, ref_gap=g2, ref_here=jnp.bool_(True), regap=jnp.bool_(False), friction=friction,
+                          contacts0=pick(c2, s.contacts0), gaps0=jnp.where(first, g2, s.gaps0),
+                          phase=jnp.where(first | regap, DIRECTION, SEARCH).astype(jnp.int32),
+                          started=jnp.bool_(True))
 
     def direction_phase(s: NewtonState):
-        x = s.x
+        if not compact:
+            return direction_of(s)
+        # more rows near x than the slots by the reference's bound: retake the reference at x
+        # first (a QUERY pass without a query), where the bound is the gap itself
+        retake = (jnp.sum(near_rows(s)) > active) & ~s.ref_here
+        return jax.lax.cond(retake, lambda s: s._replace(phase=jnp.int32(QUERY), regap=jnp.bool_(True)),
+                            direction_of, s)
+
+    def direction_of(s: NewtonState):
+        x, ref_x, ref_gap = s.x, s.ref_x, s.ref_gap
         pb = problem_of(s)
-        g, hb, n_active, ref_x, ref_gap = assemble(s, pb)
+        g, hb, n_active = assemble(s, pb)
         direction = solver.direction(g, solver.init(hb))
         dxf, fact_ok = direction.value, direction.ok
         # more active contact rows than Capacity.active: the direction misses some; stop
@@ -268,8 +289,7 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         slope = jnp.dot(g, dxf)
         lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
         inside = jnp.all(lo >= s.box[0] - half_skin) & jnp.all(hi <= s.box[1] + half_skin)
-        s2 = s._replace(stats=st, converged=converged, step_norm=step_norm, dx=dx, slope=slope, ref_x=ref_x,
-                        ref_gap=ref_gap)
+        s2 = s._replace(stats=st, converged=converged, step_norm=step_norm, dx=dx, slope=slope)
 
         def stay(s2):
             # a failed direction or an overflow: the iteration ends here, x where it is
@@ -346,16 +366,18 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
     def body(s: NewtonState):
         return jax.lax.switch(s.phase, [query_phase, direction_phase, search_phase], s)
 
-    friction_none = zeros(jax.eval_shape(make_friction, contacts_none))
+    gaps_shape = jax.eval_shape(lambda z, c: contact_gaps(z, c, radius, min_gap), x_init, contacts_none)
+    friction_none = zeros(jax.eval_shape(make_friction, contacts_none, zeros(gaps_shape)))
     init = NewtonState(x=x_init, contacts=contacts_none, stats=zeros(stats_shape), iteration=jnp.int32(0),
                        converged=jnp.bool_(False), code=jnp.int32(0), trials=jnp.int32(0),
                        min_bound=jnp.asarray(1.0, x_init.dtype), step_norm=jnp.asarray(jnp.inf, x_init.dtype),
                        box=(x_init, x_init), ref_x=x_init,
                        ref_gap=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype), expansions=jnp.int32(0),
                        phase=jnp.int32(QUERY), dx=jnp.zeros_like(x_init), slope=jnp.zeros((), x_init.dtype),
-                       friction=friction_none, contacts0=contacts_none, overlap=jnp.bool_(False),
-                       started=jnp.bool_(False))
+                       friction=friction_none, contacts0=contacts_none,
+                       gaps0=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype),
+                       started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.bool_(False))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
     return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions),
-            s.contacts0, s.overlap)
+            s.contacts0, s.gaps0)

@@ -150,13 +150,15 @@ def active_rows(mask, size: int):
 
 
 def friction_set(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
-                 active: int | None = None) -> FrictionSet:
+                 active: int | None = None, gaps=None) -> FrictionSet:
     """Freeze friction data at step start: contacts with 0 < g₀ < d̂ get load μf·(−B′(g₀)).
 
     ``active``: keep only the stencils with a load, in that many rows (``Capacity.active``;
-    ``count`` tells whether they fitted); None keeps every candidate row.
+    ``count`` tells whether they fitted); None keeps every candidate row. ``gaps``: the
+    ``(g₀, w₀, n₀)`` of :func:`contact_gaps` at x₀ when the caller has them (the Newton
+    loop's step-start query takes them anyway), else they are taken here.
     """
-    g0, w0, n0 = contact_gaps(x0, contacts, radius, config.min_gap)
+    g0, w0, n0 = contact_gaps(x0, contacts, radius, config.min_gap) if gaps is None else gaps
     act = contacts.valid & (g0 < config.dhat)
     b1 = _bar.barrier_first_derivative(jnp.where(act, g0, 0.5 * config.dhat), config.dhat,
                                        params.barrier_stiffness)
@@ -195,11 +197,12 @@ def _on_feature_boundary(X, kind, margin):
 
 
 def friction_kinks(x0, contacts: ContactSet, radius, params: Params, config: Config, *,
-                   margin: float = KINK_MARGIN):
+                   margin: float = KINK_MARGIN, gaps0=None):
     """Number of friction-loaded stencils at x₀ on a closest-feature boundary (see
     :func:`_on_feature_boundary`): there the lagged friction, and so the step's x*, is not
-    differentiable in x₀, and a gradient is one of several one-sided ones."""
-    g0, _, _ = contact_gaps(x0, contacts, radius, config.min_gap)
+    differentiable in x₀, and a gradient is one of several one-sided ones. ``gaps0``: the
+    stencils' gaps at x₀ when the caller has them (the Newton solve returns them)."""
+    g0 = contact_gaps(x0, contacts, radius, config.min_gap)[0] if gaps0 is None else gaps0
     loaded = contacts.valid & (g0 < config.dhat) & (params.friction > 0)
     X = gather_stencils(x0, contacts)
     kink = jax.vmap(lambda x, k: _on_feature_boundary(x, k, margin))(X, contacts.kind)

@@ -73,15 +73,16 @@ def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
 def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
     """The unrounded minimiser x* (FP64) of one step's Φ from x₀ = ``inputs.x0``.
 
-    Returns (x*, contacts at x*, step-start contacts, SolveInfo, initial_overlap flag).
-    Used by :func:`step` and by the implicit VJP (:mod:`ipcjax.implicit`).
+    Returns (x*, contacts at x*, step-start contacts, SolveInfo, the step-start contacts'
+    gaps at x₀; a gap ≤ 0 is an initial overlap). Used by :func:`step` and by the implicit
+    VJP (:mod:`ipcjax.implicit`).
     """
     active = active_size(capacity)
     problem = step_problem(model, config, inputs, None)
-    make_friction = lambda contacts0: friction_set(inputs.x0, contacts0, model.radius, inputs.params, config,
-                                                   active=active)
-    x, cs, sinfo, contacts0, overlap = newton_solve(inputs.x0, problem, make_friction, capacity=capacity)
-    return x, cs, contacts0, sinfo, overlap
+    make_friction = lambda contacts0, gaps0: friction_set(inputs.x0, contacts0, model.radius, inputs.params, config,
+                                                          active=active, gaps=gaps0)
+    x, cs, sinfo, contacts0, gaps0 = newton_solve(inputs.x0, problem, make_friction, capacity=capacity)
+    return x, cs, contacts0, sinfo, gaps0
 
 
 def recheck_rounded(model: Model, x32, config: Config, capacity, *, contacts=None):
@@ -104,9 +105,10 @@ def recheck_rounded(model: Model, x32, config: Config, capacity, *, contacts=Non
     return jnp.min(g_r, initial=jnp.inf), st_r
 
 
-def result_code(sinfo, overlap, min_gap, stats):
-    """Combine the solve's code with the overlap, rounding and overflow checks."""
-    code = set_code(sinfo.code, StepCode.INITIAL_OVERLAP, where=overlap)
+def result_code(sinfo, gaps0, min_gap, stats):
+    """Combine the solve's code with the overlap (a step-start gap ``gaps0`` ≤ 0), rounding
+    and overflow checks."""
+    code = set_code(sinfo.code, StepCode.INITIAL_OVERLAP, where=jnp.min(gaps0, initial=jnp.inf) <= 0)
     code = set_code(code, StepCode.GAP_LOST_IN_ROUNDING, where=min_gap <= 0)
     return set_code(code, StepCode.CAPACITY_OVERFLOW, where=stats.overflow)
 
@@ -117,12 +119,12 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
     x0 = state.x.astype(jnp.float64)
     v0 = state.v.astype(jnp.float64)
     dt = jnp.asarray(dt, jnp.float64)
-    x, cs, _, sinfo, overlap = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
+    x, cs, _, sinfo, gaps0 = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
     # storage precision, then the gap recheck on exactly what will be stored
     x32 = x.astype(jnp.float32)
     min_gap, st_r = recheck_rounded(model, x32, config, capacity, contacts=cs)
     stats = sinfo.stats if st_r is None else sinfo.stats.merge(st_r)
-    code = result_code(sinfo, overlap, min_gap, stats)
+    code = result_code(sinfo, gaps0, min_gap, stats)
     ok = code == 0
     v_new = ((x32.astype(jnp.float64) - x0) / dt).astype(jnp.float32)
     new_state = State(
