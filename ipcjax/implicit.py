@@ -66,7 +66,7 @@ from ipcjax.potential import gradient_and_blocks, incremental_potential
 from ipcjax.problem import StepInputs, StepProblem
 from ipcjax.result import LinearStatus, StepCode, set_code
 from ipcjax.stencils import ContactSet, friction_kinks
-from ipcjax.step import StepFailed, recheck_rounded, result_code, solve_positions, step_problem
+from ipcjax.step import StepFailed, result_code, solve_positions, step_problem
 
 
 def free_gradient(x, problem: StepProblem, contacts: ContactSet):
@@ -107,8 +107,8 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
     :class:`~ipcjax.newton.CandidateStats` (what a capacity overflow needed), the number
     of friction stencils at x₀ on a closest-feature boundary
     (:func:`ipcjax.stencils.friction_kinks`), and the smallest gap at x* rounded to FP32,
-    taken on the solve's last candidate set (:func:`ipcjax.step.recheck_rounded`, as the
-    jitted step takes it; no second query). A backward solve that fails (a singular
+    taken on the solve's last candidate set (``SolveInfo.rounded_gap``, as the jitted step
+    takes it; no second query). A backward solve that fails (a singular
     Hessian, CG short of its tolerance) raises :class:`BackwardFailed` instead of a NaN
     gradient.
 
@@ -131,9 +131,7 @@ def make_solve(model: Model, config: Config, capacity, *, hessian: str | PSDProj
         if not with_stats:
             return (x, code), (cs, cs0, code)
         kinks = friction_kinks(inputs.x0, cs0, model.radius, inputs.params, config, gaps0=gaps0)
-        x32 = jax.lax.stop_gradient(x).astype(jnp.float32)
-        rounded_gap, _ = recheck_rounded(model, x32, config, capacity, contacts=cs)
-        return (x, code, sinfo.stats, kinks, rounded_gap), (cs, cs0, code)
+        return (x, code, sinfo.stats, kinks, sinfo.rounded_gap), (cs, cs0, code)
 
     @jax.custom_vjp
     def solve(inputs: StepInputs):

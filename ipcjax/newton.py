@@ -127,6 +127,7 @@ class SolveInfo(NamedTuple):
     last_step_norm: jnp.ndarray  # () max|Δx| of the last direction, m
     stats: CandidateStats
     expansions: jnp.ndarray      # () int32 iterations whose step went beyond α = 1 (Config.line_search_expansions)
+    rounded_gap: jnp.ndarray     # () smallest gap (m) at x* rounded to FP32, over the last candidate set
 
 
 #: What a pass of the Newton loop does (:class:`NewtonState`'s ``phase``).
@@ -167,6 +168,8 @@ class NewtonState(NamedTuple):
     started: jnp.ndarray         # () bool: the step-start query is done
     ref_here: jnp.ndarray        # () bool: ref_x is x (the reference was taken at this iterate)
     regap: jnp.ndarray           # () bool: the next QUERY pass only retakes the reference gaps
+    recheck: jnp.ndarray         # () bool: the next QUERY pass is the last: the gaps at x rounded to FP32
+    rounded_gap: jnp.ndarray     # () the smallest of those gaps, m
 
 
 def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
@@ -237,23 +240,37 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         code2 = set_code(code2, StepCode.FACTORIZATION_FAILED, unless=fact_ok | over)
         code2 = set_code(code2, StepCode.CAPACITY_OVERFLOW, where=over)
         code2 = set_code(code2, StepCode.NON_FINITE, unless=jnp.all(jnp.isfinite(x2)))
+        # the solve ends after this iteration (cond): one last QUERY pass rechecks the gaps
+        done = s.converged | (code2 != 0) | (s.iteration + 1 >= config.max_newton)
         return s._replace(x=x2, contacts=cs2, stats=st2, iteration=s.iteration + 1, code=code2,
                           trials=s.trials + k, min_bound=jnp.minimum(s.min_bound, a0), box=box2, ref_x=rx2,
-                          ref_gap=rg2, phase=jnp.int32(DIRECTION), ref_here=jnp.bool_(False),
+                          ref_gap=rg2, phase=jnp.where(done, QUERY, DIRECTION).astype(jnp.int32), recheck=done,
+                          ref_here=jnp.bool_(False),
                           expansions=s.expansions + ((code2 == 0) & (a_taken > 1.0)).astype(jnp.int32))
 
     def query_phase(s: NewtonState):
         """Candidates of the swept box x → x + dx and their gaps at x (the reference); at the
         start also the friction set (from the same closest points), the step-start contacts
         and their gaps. With ``s.regap`` only the reference is retaken, on the same
-        candidates, and the direction goes on (the one copy of the gaps in the program)."""
-        first, regap = ~s.started, s.regap
+        candidates, and the direction goes on; with ``s.recheck`` (the solve's last pass) only
+        the smallest gap at x rounded to FP32 is taken, on the same candidates: the storage
+        recheck of :func:`ipcjax.step.recheck_rounded`. So the gaps over every candidate row
+        are compiled once."""
+        first, regap, recheck = ~s.started, s.regap, s.recheck
         x = s.x
         lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
-        c2, s2 = jax.lax.cond(regap, lambda: (s.contacts, s.stats),
+        c2, s2 = jax.lax.cond(regap | recheck, lambda: (s.contacts, s.stats),
                               lambda: query(x, jnp.where(first, x, x + s.dx)))
-        at_x = contact_gaps(x, c2, radius, min_gap)  # one copy of the closest-point code for both
+        at = jnp.where(recheck, x.astype(jnp.float32).astype(x.dtype), x)
+        at_x = contact_gaps(at, c2, radius, min_gap)  # one copy of the closest-point code for all
         g2 = at_x[0]
+        return jax.lax.cond(recheck, lambda: s._replace(rounded_gap=jnp.min(g2, initial=jnp.inf),
+                                                        recheck=jnp.bool_(False), phase=jnp.int32(DIRECTION)),
+                            lambda: queried(s, c2, s2, at_x, lo, hi))
+
+    def queried(s: NewtonState, c2, s2, at_x, lo, hi):
+        """The state after a query (or a reference retake) and the gaps ``at_x`` at s.x."""
+        first, regap, x, g2 = ~s.started, s.regap, s.x, at_x[0]
         friction = jax.lax.cond(first, lambda: make_friction(c2, at_x), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
         return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)),
@@ -376,8 +393,10 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
                        phase=jnp.int32(QUERY), dx=jnp.zeros_like(x_init), slope=jnp.zeros((), x_init.dtype),
                        friction=friction_none, contacts0=contacts_none,
                        gaps0=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype),
-                       started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.bool_(False))
+                       started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.bool_(False),
+                       recheck=jnp.bool_(False), rounded_gap=jnp.asarray(jnp.inf, x_init.dtype))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
-    return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions),
+    return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions,
+                                            s.rounded_gap),
             s.contacts0, s.gaps0)

@@ -95,7 +95,9 @@ def recheck_rounded(model: Model, x32, config: Config, capacity, *, contacts=Non
     and no second query is made; the stats returned are then None. Without it, the
     candidates are queried afresh at the rounded positions. Either way every stencil with
     a gap ≤ d̂ is seen, so the smallest gap is the same whenever it is ≤ d̂ (above d̂ it is
-    the smallest among the stencils the set holds).
+    the smallest among the stencils the set holds). The Newton solve's last pass takes the
+    same gaps over its last candidate set (``SolveInfo.rounded_gap``, which :func:`step` and
+    the rollouts use); this function is that check on its own.
     """
     xr = x32.astype(jnp.float64)
     st_r = None
@@ -119,11 +121,11 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
     x0 = state.x.astype(jnp.float64)
     v0 = state.v.astype(jnp.float64)
     dt = jnp.asarray(dt, jnp.float64)
-    x, cs, _, sinfo, gaps0 = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
-    # storage precision, then the gap recheck on exactly what will be stored
+    x, _, _, sinfo, gaps0 = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
+    # storage precision; the solve's last pass took the gaps on exactly what will be stored
+    # (recheck_rounded over its last candidate set)
     x32 = x.astype(jnp.float32)
-    min_gap, st_r = recheck_rounded(model, x32, config, capacity, contacts=cs)
-    stats = sinfo.stats if st_r is None else sinfo.stats.merge(st_r)
+    min_gap, stats = sinfo.rounded_gap, sinfo.stats
     code = result_code(sinfo, gaps0, min_gap, stats)
     ok = code == 0
     v_new = ((x32.astype(jnp.float64) - x0) / dt).astype(jnp.float32)
