@@ -266,16 +266,17 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         g2 = at_x[0]
         return jax.lax.cond(recheck, lambda: s._replace(rounded_gap=jnp.min(g2, initial=jnp.inf),
                                                         recheck=jnp.bool_(False), phase=jnp.int32(DIRECTION)),
-                            lambda: queried(s, c2, s2, at_x, lo, hi))
+                            lambda: queried(s, c2, s2, at_x, (lo, hi)))
 
-    def queried(s: NewtonState, c2, s2, at_x, lo, hi):
-        """The state after a query (or a reference retake) and the gaps ``at_x`` at s.x."""
+    def queried(s: NewtonState, c2, s2, at_x, swept):
+        """The state after a query (or a reference retake) of the ``swept`` box (lo, hi) and
+        the gaps ``at_x`` at s.x."""
         first, regap, x, g2 = ~s.started, s.regap, s.x, at_x[0]
         friction = jax.lax.cond(first, lambda: make_friction(c2, at_x), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
         return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)),
                           box=jax.tree_util.tree_map(lambda u, v: jnp.where(regap, u, v), s.box,
-                                                     pick((x, x), (lo, hi))),
+                                                     pick((x, x), swept)),
                           ref_x=x, ref_gap=g2, ref_here=jnp.bool_(True), regap=jnp.bool_(False), friction=friction,
                           contacts0=pick(c2, s.contacts0), gaps0=jnp.where(first, g2, s.gaps0),
                           phase=jnp.where(first | regap, DIRECTION, SEARCH).astype(jnp.int32),
