@@ -47,7 +47,8 @@ def patch(mode):
         model, config = problem.model, problem.config
         p = jnp.where(model.fixed[:, None], 0.0, problem.context.y - x0)
         cs0, _ = newton.query_contacts(x0, x0, model, config, capacity, skin=config.skin)
-        friction = make_friction(cs0)  # frozen at x0's contacts, wherever the solve starts
+        # frozen at x0's contacts (their gaps taken there), wherever the solve starts
+        friction = make_friction(cs0, None)
         pb = problem._replace(context=problem.context._replace(friction=friction))
         cs, st = newton.query_contacts(x0, x0 + p, model, config, capacity, skin=config.skin)
         a0 = step_bound(x0, p, cs, pb)
@@ -58,7 +59,7 @@ def patch(mode):
         jax.debug.callback(lambda t: taken.append(bool(t)), take)
         x_init = jnp.where(take, x1, x0)
         # the solve queries at x_init itself (ipcjax.newton.newton_solve's first pass)
-        return solve(x_init, problem, lambda contacts0: friction, capacity=capacity)
+        return solve(x_init, problem, lambda contacts0, gaps0: friction, capacity=capacity)
 
     step.newton_solve = start
     return taken
