@@ -109,7 +109,6 @@ def _frames(txt: str):
 #: innermost first: the implicit VJP's scopes (ipcjax/implicit.py) split what XLA's source
 #: frames cannot, the forward solve of a differentiated step from its backward pass.
 REGIONS = (("find_candidates", "the candidate query (find_candidates)"),
-           ("solve_at_every_row", "backward: the every-row fallback solve"),
            ("solve_at_active_rows", "backward: the active-row solve"),
            ("implicit_vjp", "backward: the VJP over the step's inputs"),
            ("implicit_backward", "backward: the rest"),

@@ -52,8 +52,9 @@ candidate query, the largest piece of the program after the closest-point code, 
 compiled once, not once before the loop and once in it: a step program's LLVM code is
 13 % smaller (docs/benchmarks.md "One copy of the candidate query"). The gaps over every
 candidate row are compiled once too: QUERY takes them for the reference, for the
-overlap check and for the friction set, and also retakes the reference when DIRECTION
-asks it to. A direction
+overlap check and for the friction set, retakes the reference when DIRECTION asks it to,
+and, as the solve's last pass, takes them at x* rounded to FP32 (the storage recheck,
+``SolveInfo.rounded_gap``). A direction
 whose swept box leaves the last query's box ± skin/2 is carried, unchanged, through QUERY
 to SEARCH, so the iterates are bit for bit those of a loop that ran a whole iteration per
 pass.
@@ -143,7 +144,8 @@ class NewtonState(NamedTuple):
     without a query), DIRECTION (assembly and linear solve) and SEARCH (step bound and line
     search along dx). A Newton iteration is DIRECTION, then QUERY when x + dx leaves the
     last query's box ± skin/2, then SEARCH; a DIRECTION whose reference lets more rows
-    through than the slots hold goes through QUERY to retake it first.
+    through than the slots hold goes through QUERY to retake it first, and the last
+    iteration ends in a QUERY pass that takes the gaps at x rounded to FP32.
     """
 
     x: jnp.ndarray               # (N, 3) iterate, m (FP64)
