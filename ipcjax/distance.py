@@ -22,7 +22,12 @@ clamped endpoint–segment pairs). Every feasible candidate is the length of a v
 between two actual points of the primitives, so it bounds the distance from above and
 the minimum is exact; rounding in an ill-conditioned candidate can only make it lose.
 Parallel or nearly parallel edges (and degenerate triangles) drop the interior
-candidate, so no division by a vanishing determinant ever selects a branch.
+candidate, so no division by a vanishing determinant ever selects a branch. The weights
+``*_weights`` return are the chosen candidate's, the same numbers as the named branch's
+weights (a clamped parameter is the end vertex's constant weight): one set of candidate
+formulas serves the choice and the weights, where a second evaluation of every branch's
+formulas made each copy of this code in a compiled step about a tenth larger
+(docs/benchmarks.md, "The closest-point weights from the chosen candidate").
 
 All functions are pure JAX, float64, vmappable, and take ``dtype`` as a traced int.
 Gradients are NaN-free everywhere (double-``where`` guards), including d = 0.
@@ -180,6 +185,53 @@ def _point_triangle_branch_weights(p, t0, t1, t2):
     return jnp.stack([jnp.stack(r) for r in rows])
 
 
+def _clamp01(s):
+    """s clamped to [0, 1] with a zero derivative at and beyond either end (where the branch
+    is an end point's, whose weights are constant)."""
+    return jnp.where(s <= 0.0, 0.0, jnp.where(s >= 1.0, 1.0, s))
+
+
+def _point_triangle_candidates(p, t0, t1, t2):
+    """The candidates of the point–triangle branch choice, and which one is closest.
+
+    Returns (w (4, 4): the weights of the interior projection and of the clamped
+    projections on edges t0–t1, t1–t2, t2–t0, rows in that order; s (3,) the edges' clamped
+    parameters; best: the row of the closest feasible candidate). The choice is made on
+    ``stop_gradient`` values, so a derivative of ``w[best]`` stays inside the branch.
+    """
+    X = jnp.stack([p, t0, t1, t2])
+    b, nn, l1, l2 = _triangle_barycentric(p, t0, t1, t2)
+    edges = ((t0, t1), (t1, t2), (t2, t0))
+    s = jnp.stack([_clamp01(_segment_parameter(p, a, c)) for a, c in edges])
+    zero = jnp.zeros_like(s[0])
+    one = jnp.ones_like(s[0])
+    w = jnp.stack([
+        jnp.stack([one, -b[0], -b[1], -b[2]]),
+        jnp.stack([one, s[0] - 1.0, -s[0], zero]),
+        jnp.stack([one, zero, s[1] - 1.0, -s[1]]),
+        jnp.stack([one, -s[2], zero, s[2] - 1.0]),
+    ])
+    interior_ok = (nn > PARALLEL_SIN2 * l1 * l2) & jnp.all(b >= 0.0)
+    Xs, ws = jax.lax.stop_gradient(X), jax.lax.stop_gradient(w)
+    r = ws @ (Xs - Xs[0])
+    sq = jnp.sum(r * r, axis=1)
+    sq = sq.at[0].set(jnp.where(jax.lax.stop_gradient(interior_ok), sq[0], jnp.inf))
+    return w, jax.lax.stop_gradient(s), jnp.argmin(sq)
+
+
+def _point_triangle_type(s, best):
+    """``PointTriangleType`` of candidate ``best`` (an edge candidate clamped to an end
+    point names that vertex)."""
+    T = PointTriangleType
+    edge_type = jnp.array([T.P_E0, T.P_E1, T.P_E2], jnp.int32)
+    start_vertex = jnp.array([T.P_T0, T.P_T1, T.P_T2], jnp.int32)
+    end_vertex = jnp.array([T.P_T1, T.P_T2, T.P_T0], jnp.int32)
+    k = jnp.maximum(best - 1, 0)
+    sk = s[k]
+    on_edge = jnp.where(sk <= 0.0, start_vertex[k], jnp.where(sk >= 1.0, end_vertex[k], edge_type[k]))
+    return jnp.where(best == 0, jnp.int32(T.P_T), on_edge).astype(jnp.int32)
+
+
 def point_triangle_distance_type(p, t0, t1, t2):
     """Closest-feature branch (``PointTriangleType``) of point p and triangle (t0, t1, t2).
 
@@ -193,33 +245,8 @@ def point_triangle_distance_type(p, t0, t1, t2):
     Returns:
       int32 branch index.
     """
-    p, t0, t1, t2 = (jax.lax.stop_gradient(x) for x in (p, t0, t1, t2))
-    X = jnp.stack([p, t0, t1, t2])
-    b, nn, l1, l2 = _triangle_barycentric(p, t0, t1, t2)
-    interior_ok = (nn > PARALLEL_SIN2 * l1 * l2) & jnp.all(b >= 0.0)
-
-    edges = ((t0, t1), (t1, t2), (t2, t0))
-    s = jnp.stack([jnp.clip(_segment_parameter(p, a, c), 0.0, 1.0) for a, c in edges])
-    zero = jnp.zeros_like(s[0])
-    cand_w = jnp.stack([
-        jnp.stack([1.0, -b[0], -b[1], -b[2]]),
-        jnp.stack([1.0, s[0] - 1.0, -s[0], zero]),
-        jnp.stack([1.0, zero, s[1] - 1.0, -s[1]]),
-        jnp.stack([1.0, -s[2], zero, s[2] - 1.0]),
-    ])
-    r = cand_w @ (X - X[0])
-    sq = jnp.sum(r * r, axis=1)
-    sq = sq.at[0].set(jnp.where(interior_ok, sq[0], jnp.inf))
-    best = jnp.argmin(sq)
-
-    T = PointTriangleType
-    edge_type = jnp.array([T.P_E0, T.P_E1, T.P_E2], jnp.int32)
-    start_vertex = jnp.array([T.P_T0, T.P_T1, T.P_T2], jnp.int32)
-    end_vertex = jnp.array([T.P_T1, T.P_T2, T.P_T0], jnp.int32)
-    k = jnp.maximum(best - 1, 0)
-    sk = s[k]
-    on_edge = jnp.where(sk <= 0.0, start_vertex[k], jnp.where(sk >= 1.0, end_vertex[k], edge_type[k]))
-    return jnp.where(best == 0, jnp.int32(T.P_T), on_edge).astype(jnp.int32)
+    _, s, best = _point_triangle_candidates(*(jax.lax.stop_gradient(x) for x in (p, t0, t1, t2)))
+    return _point_triangle_type(s, best)
 
 
 def point_triangle_distance_fixed(p, t0, t1, t2, dtype):
@@ -252,8 +279,8 @@ def point_triangle_weights(p, t0, t1, t2):
     Returns:
       (w (4,), dtype int32 ``PointTriangleType``).
     """
-    dtype = point_triangle_distance_type(p, t0, t1, t2)
-    return _point_triangle_branch_weights(p, t0, t1, t2)[dtype], dtype
+    w, s, best = _point_triangle_candidates(p, t0, t1, t2)
+    return w[best], _point_triangle_type(s, best)
 
 
 def point_triangle_distance(p, t0, t1, t2):
@@ -311,41 +338,41 @@ def _edge_edge_branch_weights(a0, a1, b0, b1):
     return jnp.stack([jnp.stack(r) for r in rows])
 
 
-def edge_edge_distance_type(a0, a1, b0, b1):
-    """Closest-feature branch (``EdgeEdgeType``) of edges A = (a0, a1) and B = (b0, b1).
+def _edge_edge_candidates(a0, a1, b0, b1):
+    """The candidates of the edge–edge branch choice, and which one is closest.
 
-    The best feasible candidate among the interior line–line pair (only if the edges are
-    not parallel, sin²θ ≥ PARALLEL_SIN2, and both parameters lie in [0, 1]) and the four
-    clamped endpoint–segment pairs; a clamped parameter names the end vertex.
-
-    Positions a0, a1, b0, b1: (3,) m. Returns the int32 branch index.
+    Returns (w (5, 4): the weights of the interior line–line pair and of the clamped
+    end point–segment pairs a0–B, a1–B, b0–A, b1–A, rows in that order; c (4,) those
+    pairs' clamped parameters; best: the row of the closest feasible candidate), the choice
+    made on ``stop_gradient`` values as for the point–triangle candidates.
     """
-    a0, a1, b0, b1 = (jax.lax.stop_gradient(x) for x in (a0, a1, b0, b1))
     X = jnp.stack([a0, a1, b0, b1])
     s, t, nn, uu, vv = _line_line_parameters(a0, a1, b0, b1)
     interior_ok = (nn >= PARALLEL_SIN2 * uu * vv) & (nn > 0.0)
     interior_ok &= (s >= 0.0) & (s <= 1.0) & (t >= 0.0) & (t <= 1.0)
-
-    # endpoint of one edge against the other segment, clamped
     c = jnp.stack([
-        jnp.clip(_segment_parameter(a0, b0, b1), 0.0, 1.0),
-        jnp.clip(_segment_parameter(a1, b0, b1), 0.0, 1.0),
-        jnp.clip(_segment_parameter(b0, a0, a1), 0.0, 1.0),
-        jnp.clip(_segment_parameter(b1, a0, a1), 0.0, 1.0),
+        _clamp01(_segment_parameter(a0, b0, b1)),
+        _clamp01(_segment_parameter(a1, b0, b1)),
+        _clamp01(_segment_parameter(b0, a0, a1)),
+        _clamp01(_segment_parameter(b1, a0, a1)),
     ])
     one, zero = jnp.ones_like(s), jnp.zeros_like(s)
-    cand_w = jnp.stack([
+    w = jnp.stack([
         jnp.stack([1.0 - s, s, t - 1.0, -t]),
         jnp.stack([one, zero, c[0] - 1.0, -c[0]]),
         jnp.stack([zero, one, c[1] - 1.0, -c[1]]),
         jnp.stack([1.0 - c[2], c[2], -one, zero]),
         jnp.stack([1.0 - c[3], c[3], zero, -one]),
     ])
-    r = cand_w @ (X - X[0])
+    Xs, ws = jax.lax.stop_gradient(X), jax.lax.stop_gradient(w)
+    r = ws @ (Xs - Xs[0])
     sq = jnp.sum(r * r, axis=1)
-    sq = sq.at[0].set(jnp.where(interior_ok, sq[0], jnp.inf))
-    best = jnp.argmin(sq)
+    sq = sq.at[0].set(jnp.where(jax.lax.stop_gradient(interior_ok), sq[0], jnp.inf))
+    return w, jax.lax.stop_gradient(c), jnp.argmin(sq)
 
+
+def _edge_edge_type(c, best):
+    """``EdgeEdgeType`` of candidate ``best`` (a clamped parameter names the end vertex)."""
     T = EdgeEdgeType
     # per endpoint candidate: (clamped at 0, clamped at 1, interior)
     table = jnp.array([
@@ -358,6 +385,19 @@ def edge_edge_distance_type(a0, a1, b0, b1):
     ck = c[k]
     col = jnp.where(ck <= 0.0, 0, jnp.where(ck >= 1.0, 1, 2))
     return jnp.where(best == 0, jnp.int32(T.EA_EB), table[k, col]).astype(jnp.int32)
+
+
+def edge_edge_distance_type(a0, a1, b0, b1):
+    """Closest-feature branch (``EdgeEdgeType``) of edges A = (a0, a1) and B = (b0, b1).
+
+    The best feasible candidate among the interior line–line pair (only if the edges are
+    not parallel, sin²θ ≥ PARALLEL_SIN2, and both parameters lie in [0, 1]) and the four
+    clamped endpoint–segment pairs; a clamped parameter names the end vertex.
+
+    Positions a0, a1, b0, b1: (3,) m. Returns the int32 branch index.
+    """
+    _, c, best = _edge_edge_candidates(*(jax.lax.stop_gradient(x) for x in (a0, a1, b0, b1)))
+    return _edge_edge_type(c, best)
 
 
 def edge_edge_distance_fixed(a0, a1, b0, b1, dtype):
@@ -381,8 +421,8 @@ def edge_edge_weights(a0, a1, b0, b1):
 
     Positions a0, a1, b0, b1: (3,) m. Returns (w (4,), dtype int32 ``EdgeEdgeType``).
     """
-    dtype = edge_edge_distance_type(a0, a1, b0, b1)
-    return _edge_edge_branch_weights(a0, a1, b0, b1)[dtype], dtype
+    w, c, best = _edge_edge_candidates(a0, a1, b0, b1)
+    return w[best], _edge_edge_type(c, best)
 
 
 def edge_edge_distance(a0, a1, b0, b1):

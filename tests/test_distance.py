@@ -49,7 +49,7 @@ def _kind_funcs(dist, dtype, weights, fixed, branch_weights, ref, ref_type, enum
     def evaluate(X):
         w, t = weights(X)
         d, n = D.stencil_distance(X, w)
-        return dict(d=dist(X), type=dtype(X), w=w, n=n, grad=jax.grad(dist)(X), wd=d)
+        return dict(d=dist(X), type=dtype(X), w=w, n=n, grad=jax.grad(dist)(X), wd=d, wb=branch_weights(X)[t])
 
     def evaluate_fixed(X, t):
         w = branch_weights(X)[t]
@@ -231,6 +231,8 @@ def test_weights_reproduce_distance(kind):
     r = np.einsum("bi,bij->bj", w, X - X[:, :1])
     assert np.all(np.abs(np.linalg.norm(r, axis=1) - d) <= 1e-13 * (d + scale))
     assert np.array_equal(out["wd"], d)
+    # the chosen candidate's weights are the named branch's, to the bit
+    assert np.array_equal(w, out["wb"])
     if kind == "pt":
         assert w[:, 0].min() == 1.0 and w[:, 0].max() == 1.0
         bary = -w[:, 1:]  # barycentric coordinates of the closest point
