@@ -26,8 +26,8 @@ candidate, so no division by a vanishing determinant ever selects a branch. The 
 ``*_weights`` return are the chosen candidate's, the same numbers as the named branch's
 weights (a clamped parameter is the end vertex's constant weight): one set of candidate
 formulas serves the choice and the weights, where a second evaluation of every branch's
-formulas made each copy of this code in a compiled step about a tenth larger
-(docs/benchmarks.md, "The closest-point weights from the chosen candidate").
+formulas made a compiled step program about a tenth larger (docs/benchmarks.md, "The
+closest-point weights from the chosen candidate").
 
 All functions are pure JAX, float64, vmappable, and take ``dtype`` as a traced int.
 Gradients are NaN-free everywhere (double-``where`` guards), including d = 0.
