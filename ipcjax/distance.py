@@ -191,6 +191,17 @@ def _clamp01(s):
     return jnp.where(s <= 0.0, 0.0, jnp.where(s >= 1.0, 1.0, s))
 
 
+def _closest_candidate(X, w, interior_ok):
+    """Row of the shortest candidate ‖Σⱼ w[k, j] (Xⱼ − X₀)‖ of stencil X (4, 3), the
+    interior one (row 0) only where ``interior_ok``; on ``stop_gradient`` values, so that a
+    derivative of the chosen row's weights stays inside its branch."""
+    Xs, ws = jax.lax.stop_gradient(X), jax.lax.stop_gradient(w)
+    r = ws @ (Xs - Xs[0])
+    sq = jnp.sum(r * r, axis=1)
+    sq = sq.at[0].set(jnp.where(jax.lax.stop_gradient(interior_ok), sq[0], jnp.inf))
+    return jnp.argmin(sq)
+
+
 def _point_triangle_candidates(p, t0, t1, t2):
     """The candidates of the point–triangle branch choice, and which one is closest.
 
@@ -212,11 +223,7 @@ def _point_triangle_candidates(p, t0, t1, t2):
         jnp.stack([one, -s[2], zero, s[2] - 1.0]),
     ])
     interior_ok = (nn > PARALLEL_SIN2 * l1 * l2) & jnp.all(b >= 0.0)
-    Xs, ws = jax.lax.stop_gradient(X), jax.lax.stop_gradient(w)
-    r = ws @ (Xs - Xs[0])
-    sq = jnp.sum(r * r, axis=1)
-    sq = sq.at[0].set(jnp.where(jax.lax.stop_gradient(interior_ok), sq[0], jnp.inf))
-    return w, jax.lax.stop_gradient(s), jnp.argmin(sq)
+    return w, jax.lax.stop_gradient(s), _closest_candidate(X, w, interior_ok)
 
 
 def _point_triangle_type(s, best):
@@ -364,11 +371,7 @@ def _edge_edge_candidates(a0, a1, b0, b1):
         jnp.stack([1.0 - c[2], c[2], -one, zero]),
         jnp.stack([1.0 - c[3], c[3], zero, -one]),
     ])
-    Xs, ws = jax.lax.stop_gradient(X), jax.lax.stop_gradient(w)
-    r = ws @ (Xs - Xs[0])
-    sq = jnp.sum(r * r, axis=1)
-    sq = sq.at[0].set(jnp.where(jax.lax.stop_gradient(interior_ok), sq[0], jnp.inf))
-    return w, jax.lax.stop_gradient(c), jnp.argmin(sq)
+    return w, jax.lax.stop_gradient(c), _closest_candidate(X, w, interior_ok)
 
 
 def _edge_edge_type(c, best):
