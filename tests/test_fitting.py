@@ -62,6 +62,8 @@ def cantilever():
     return rollout, measure
 
 
+@pytest.mark.slow  # 80 adam iterations of the rollout's Jacobian (≈ 80 s in the suite); the README's fit,
+# run by tests/test_readme.py, is the same fit with Levenberg–Marquardt and the same checks
 def test_recovers_bending_scale_from_two_times_off(cantilever):
     """Target at the film defaults, start at 2×, adam: one compilation serves the target,
     the start check and every fit iteration."""

@@ -48,9 +48,10 @@ def _controls(m, tol):
     return stack_controls([Controls.empty(m.n_particles, tolerance=tol)] * STEPS)
 
 
-def test_two_layer_friction_gradients_pass_the_taylor_test():
-    """Gradients in E, μf, kθ and x₀ through film-on-film and film-on-floor friction
-    converge at order 2 in the Taylor test (tests/helpers.py, docs/differentiation.md).
+def _two_layer_taylor(names, with_x0):
+    """Gradients in ``names`` (and x₀ if ``with_x0``) through film-on-film and film-on-floor
+    friction converge at order 2 in the Taylor test (tests/helpers.py,
+    docs/differentiation.md); every parameter's gradient and v₀'s is non-zero.
 
     A central difference at one step is not a verdict here: each solve stops at
     max|Δx| < TOL, which leaves noise of ~1e-10 in the loss, and on different machines and
@@ -74,22 +75,38 @@ def test_two_layer_friction_gradients_pass_the_taylor_test():
         warnings.simplefilter("error", NonDifferentiableWarning)  # the generic start is not flagged
         (val, kinks), g = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(p0, x0, v0)
     assert int(np.sum(kinks)) == 0
+    for name in ("youngs_modulus", "friction", "bending_scale"):
+        assert float(getattr(g[0], name)) != 0.0, name
     assert float(jnp.abs(g[2]).max()) > 0  # v₀'s Taylor test is the slow one below
     f0 = float(val)
     # Parameters in relative steps from 30 %: the expansion holds below ~10 % and the solve
     # noise floor lies near 1e-3 relative (measured: windows of 1.5–2.7 decades, default, one
     # thread and AVX code paths; docs/differentiation.md).
-    for name in ("youngs_modulus", "friction", "bending_scale"):
+    for name in names:
         base = float(getattr(p0, name))
         dfd = float(getattr(g[0], name)) * base
         res = taylor_test(lambda s: loss(p0._replace(**{name: jnp.asarray(base * (1 + s))}), x0, v0)[0],
                           dfd, 0.3, n=14, f0=f0)
         print(name, res)
-    # x₀ along a random direction of the free particles, from 10 µm a particle
-    free = np.asarray(~m.fixed)[:, None]
-    d_x = jnp.asarray(np.random.default_rng(3).normal(size=x0.shape) * free)
-    res = taylor_test(lambda s: loss(p0, x0 + s * d_x, v0)[0], float(jnp.sum(g[1] * d_x)), 1e-5, n=14, f0=f0)
-    print("x0", res)
+    if with_x0:  # x₀ along a random direction of the free particles, from 10 µm a particle
+        free = np.asarray(~m.fixed)[:, None]
+        d_x = jnp.asarray(np.random.default_rng(3).normal(size=x0.shape) * free)
+        res = taylor_test(lambda s: loss(p0, x0 + s * d_x, v0)[0], float(jnp.sum(g[1] * d_x)), 1e-5, n=14,
+                          f0=f0)
+        print("x0", res)
+
+
+def test_two_layer_friction_gradients_pass_the_taylor_test():
+    """μf, the friction between the layers and on the floor, and x₀, the contacts' geometry
+    (_two_layer_taylor)."""
+    _two_layer_taylor(("friction",), with_x0=True)
+
+
+@pytest.mark.slow  # the same rollout programs compiled again and 28 more rollouts (≈ 2 min); E's Taylor test
+# through frictional contact is in the default suite (test_implicit.py's frictional slide)
+def test_two_layer_friction_gradients_in_e_and_bending_pass_the_taylor_test():
+    """E and kθ through the same film-on-film friction (_two_layer_taylor)."""
+    _two_layer_taylor(("youngs_modulus", "bending_scale"), with_x0=False)
 
 
 @pytest.mark.slow  # two more rollout programs (≈ 2 min); v₀'s gradient path is checked in the default suite by

@@ -43,7 +43,9 @@ def contact_system():
     rng = np.random.default_rng(1)
     x0 = jnp.asarray(sc.x)
     x = x0.at[:n * n].add(jnp.asarray(rng.normal(size=(n * n, 3)) * 5e-5))
-    cs, stats = query_contacts(x0, x, m, CG, C.Capacity(4 * n * n, 16 * n * n, 4 * n * n))
+    cap = C.Capacity(4 * n * n, 16 * n * n, 4 * n * n)
+    # jitted: one program, where op by op it was hundreds of small compilations
+    cs, stats = jax.jit(lambda a, b: query_contacts(a, b, m, CG, cap))(x0, x)
     assert not bool(stats.overflow)
     ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT),
                       friction=jax.jit(friction_set)(x0, cs, m.radius, p, CG))
@@ -159,10 +161,13 @@ def test_cg_drape_ends_where_the_dense_drape_does(dense_drape):
     assert audit["frames_with_self_intersection"] == 0 and np.all(audit["min_film_sphere"] > 0)
     assert min(r.min_gap for r in reps) > 0
 
-    # a CG cap too small to converge is reported by the step as a failed factorization
-    _, info = step(m, p, make_state(fc[-1]), ctl, DT, config=Config(linear_solver="cg", cg_max_iterations=1),
-                   capacity=reps[-1].capacity)
+    # a CG that breaks down (negative mass makes H indefinite) is reported by the step as a
+    # failed factorization, not stepped over; the same program, the model's arrays are its
+    # inputs (a CG cap too small to converge: test_cg_that_misses_its_tolerance_fails_like_a_factorization)
+    state = make_state(fc[-1])
+    out, info = step(m._replace(mass=-m.mass), p, state, ctl, DT, config=CG, capacity=reps[-1].capacity)
     assert int(info.code) & int(StepCode.FACTORIZATION_FAILED)
+    assert np.array_equal(np.asarray(out.x), np.asarray(state.x))
 
 
 def test_sparse_drape_follows_the_dense_drape(dense_drape):

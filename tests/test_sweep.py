@@ -1,4 +1,5 @@
-"""Batched sweeps: vmap over parameter sets, sharded over two forced CPU devices."""
+"""Batched sweeps: vmap over parameter sets, sharded over two forced CPU devices (a rollout
+in the slow test, a scalar Newton loop in its fast sibling)."""
 import os
 import subprocess
 import sys
@@ -40,14 +41,64 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sweep_sharded_over_two_cpu_devices_matches_single_runs():
+#: The fast sibling's evaluation: a damped Newton loop (``lax.while_loop``, a stopping
+#: tolerance, a host callback per member), the constructs a rollout brings to ``sweep``,
+#: on one scalar equation instead of a film: the sag z of a spring of stiffness E·h under
+#: gravity with a cubic stiffening, k z + k z³/L² = m g.
+TOY = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from fitting.sweep import sweep, stack_params
+    from ipcjax.model import Params
+    assert len(jax.devices()) == 2, jax.devices()
+    seen = []
+
+    def sag(p):
+        k, load = p.youngs_modulus * p.thickness, 1e-3 * 9.81
+
+        def body(c):
+            z, it, _ = c
+            r = k * z + k * z ** 3 / 1e-4 - load
+            dz = -r / (k + 3 * k * z ** 2 / 1e-4)
+            return z + dz, it + 1, jnp.abs(dz)
+
+        z, it, _ = jax.lax.while_loop(lambda c: (c[2] > 1e-15) & (c[1] < 50), body,
+                                      (jnp.zeros(()), jnp.asarray(0), jnp.asarray(jnp.inf)))
+        jax.debug.callback(lambda n: seen.append(int(n)), it)
+        return z, it
+
+    scales = [0.5, 1.0, 2.0, 4.0]
+    batch = stack_params([Params.film_defaults(youngs_modulus=s * 3.15e8) for s in scales])
+    out, its = sweep(sag, batch)
+    assert len(out.sharding.device_set) == 2
+    assert np.all(np.asarray(its) < 50) and len(seen) == len(scales), (its, seen)
+    single = np.array([float(jax.jit(sag)(Params.film_defaults(youngs_modulus=s * 3.15e8))[0]) for s in scales])
+    assert np.max(np.abs(np.asarray(out) - single)) <= 1e-12 * np.max(np.abs(single))
+    assert np.all(np.diff(np.asarray(out)) < 0)  # a stiffer spring sags less
+    print("ok")
+""")
+
+
+def _run_on_two_cpu_devices(script):
     # two host devices, beside the suite's own XLA flags (tests/conftest.py)
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.slow  # two rollout programs in a process of its own (≈ 60 s in the suite); the sharding itself
+# is checked in the default suite by test_sweep_sharded_over_two_cpu_devices_runs_a_solver_loop_per_member
+def test_sweep_sharded_over_two_cpu_devices_matches_single_runs():
+    _run_on_two_cpu_devices(SCRIPT)
+
+
+def test_sweep_sharded_over_two_cpu_devices_runs_a_solver_loop_per_member():
+    """The same sharded sweep as the rollout's above, on a scalar Newton loop: the batch
+    splits over the two devices, each member stops on its own tolerance, its callback
+    runs, and the members equal their single runs."""
+    _run_on_two_cpu_devices(TOY)
 
 
 def test_sweep_rejects_ragged_batches_and_runs_on_the_default_devices():
