@@ -10,16 +10,43 @@ from ipcjax import xla_threads
 from ipcjax.xla_threads import single_threaded_xla, with_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SINGLE = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+SINGLE = "--xla_cpu_multi_thread_eigen=false"
 
 
 def test_with_flags_appends_only_what_the_user_did_not_name():
     assert with_flags("") == SINGLE
     assert with_flags("--xla_cpu_use_fusion_emitters=false") == "--xla_cpu_use_fusion_emitters=false " + SINGLE
     # the user's own value of a flag wins
-    assert with_flags("--xla_cpu_multi_thread_eigen=true") == \
-        "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=1"
+    assert with_flags("--xla_cpu_multi_thread_eigen=true") == "--xla_cpu_multi_thread_eigen=true"
     assert with_flags(SINGLE) == SINGLE
+
+
+def test_a_word_xla_would_stop_at_is_refused_naming_what_it_hides():
+    """XLA stops reading XLA_FLAGS at a word without '--' and ignores everything after it,
+    silently: a flag appended after it would not apply, so it is an error."""
+    with pytest.raises(ValueError, match=r"'intra_op_parallelism_threads=1' does not start with '--'.*"
+                                         r"\(--xla_dump_to=/tmp/x\)"):
+        with_flags("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 --xla_dump_to=/tmp/x")
+    with pytest.raises(ValueError, match="'threads=1' does not start with '--'.*none yet"):
+        single_threaded_xla({"XLA_FLAGS": "threads=1"})
+
+
+def test_xla_ignores_the_flags_after_such_a_word():
+    """What the refusal guards against, in XLA itself: after the word, two host devices are
+    not made and an unknown flag is not reported; without it, both take effect."""
+    code = "import jax; print(len(jax.devices()))"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "IPCJAX_XLA_THREADS")}
+
+    def run(flags):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                              env={**env, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}, timeout=120)
+
+    two = "--xla_force_host_platform_device_count=2"
+    assert run(two).stdout.strip() == "2"
+    assert run(f"{SINGLE} intra_op_parallelism_threads=1 {two}").stdout.strip() == "1"
+    hidden = run(f"{SINGLE} intra_op_parallelism_threads=1 --xla_no_such_flag=1")
+    assert hidden.returncode == 0 and hidden.stdout.strip() == "1"
+    assert run(f"{SINGLE} --xla_no_such_flag=1").returncode != 0
 
 
 def test_single_threaded_xla_by_the_environment(monkeypatch):
