@@ -13,6 +13,7 @@ from ipcjax import ldl
 from ipcjax.audit import audit_trajectory
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
+from ipcjax.line_search import reach_contacts
 from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, LinearSolver, SparseLDL, linear_solver
 from ipcjax.result import LinearStatus
 from ipcjax.model import Config, Controls, Params
@@ -270,6 +271,9 @@ def test_too_few_active_rows_overflow_and_the_driver_grows_them(active_system, u
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
 
 
+@pytest.mark.slow  # two step programs of its own (≈ 45 s in the suite); the reach set itself is checked in
+# the default suite by test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat, the overflow, growth and
+# landing of a compacted step by test_too_few_active_rows_overflow_and_the_driver_grows_them
 def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_every_row_does(active_system,
                                                                                              uncompacted_step):
     """A step whose slots hold the rows inside d̂ but not every row in reach of its first
@@ -291,6 +295,44 @@ def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_e
     assert rep.ok and rep.reallocations >= 1 and rep.capacity.active >= int(info.n_active)
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(uncompacted_step.x))) < 1e-9
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
+
+
+def test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat(active_system):
+    """``reach_contacts``: the rows with g < d̂ + 2·max‖Δxᵢ‖ over their stencil, in order, and
+    no row outside that set comes inside d̂ anywhere on x → x + Δx (its barrier and its step
+    bound are those of a padding row); with fewer slots than rows the count says so (the
+    step's capacity overflow). The step-level overflow on this set is the slow test above's;
+    the overflow, growth and landing of a compacted step are the too-few-rows test's."""
+    sc, m, p, _, x0, cs = active_system
+    cfg = Config()
+    M = cs.idx.shape[0]
+    dx = jnp.asarray(np.random.default_rng(7).normal(size=x0.shape) * 2e-4).at[m.n_particles - 1:].set(0.0)
+    alphas = jnp.linspace(0.0, 1.0, 9)
+
+    @jax.jit
+    def run(x, dx):
+        g = contact_gaps(x, cs, m.radius, cfg.min_gap)[0]
+        full, n = reach_contacts(dx, cs, g, cfg.dhat, M)
+        short, n_short = reach_contacts(dx, cs, g, cfg.dhat, 8)
+        along = jax.vmap(lambda a: contact_gaps(x + a * dx, cs, m.radius, cfg.min_gap)[0])(alphas)
+        return g, full, n, short, n_short, along
+
+    g, full, n, short, n_short, along = run(x0, dx)
+    g, along, valid, idx = np.asarray(g), np.asarray(along), np.asarray(cs.valid), np.asarray(cs.idx)
+    move = np.linalg.norm(np.asarray(dx), axis=1)[idx].max(axis=1)
+    in_reach = valid & (g < cfg.dhat + 2 * move)
+    n_in = int(np.sum(valid & (g < cfg.dhat)))
+    assert 8 < n_in < int(n) < int(valid.sum())  # the segment reaches rows beyond those inside d̂, not all
+    assert int(n) == int(in_reach.sum()) and int(n_short) == int(n)
+    taken = np.asarray(full.valid)
+    assert taken.sum() == int(n)
+    np.testing.assert_array_equal(np.asarray(full.idx)[taken], idx[in_reach])
+    np.testing.assert_array_equal(np.asarray(full.kind)[taken], np.asarray(cs.kind)[in_reach])
+    outside = valid & ~in_reach
+    assert outside.any() and np.all(along[:, outside] >= cfg.dhat)
+    # eight slots hold the first eight rows of the set, and the count tells that more exist
+    assert np.asarray(short.valid).all()
+    np.testing.assert_array_equal(np.asarray(short.idx), idx[in_reach][:8])
 
 
 def test_per_block_weights_equal_the_kind_selected_ones(active_system):
