@@ -21,9 +21,10 @@ def test_with_flags_appends_only_what_the_user_did_not_name():
     assert with_flags(SINGLE) == SINGLE
 
 
-def test_a_word_xla_would_stop_at_is_refused_naming_what_it_hides():
+def test_a_word_xla_would_stop_at_is_refused_naming_what_it_hides(monkeypatch):
     """XLA stops reading XLA_FLAGS at a word without '--' and ignores everything after it,
     silently: a flag appended after it would not apply, so it is an error."""
+    monkeypatch.setattr(xla_threads, "_backend_started", lambda: False)  # as in a job's fresh process
     with pytest.raises(ValueError, match=r"'intra_op_parallelism_threads=1' does not start with '--'.*"
                                          r"\(--xla_dump_to=/tmp/x\)"):
         with_flags("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 --xla_dump_to=/tmp/x")
