@@ -28,20 +28,19 @@ jax.config.update("jax_enable_x64", True)
 
 #: The test files that take longest, slowest first: each worker gets one of them while the
 #: other works through the rest, so that neither is left with a heavy file at the end. The
-#: seconds: each file's tests summed from ``python3 -m pytest -q -p no:cacheprovider
-#: --durations=0`` at 1031568 (2026-12-06), less what 6c1b486 and its successor moved to the
-#: slow tests (estimated from the same run); tests/test_fitting.py and tests/test_sweep.py
-#: fell below a minute there and run with the rest. docs/tests.md "Keeping the suite fast".
-#: A stale order costs only time: every collected test still runs.
+#: seconds: each file's tests summed from the CI dry run of 8034cea
+#: (``PYTEST_ADDOPTS=--durations=0 bash .ci/run``, 2026-12-06, 600 passed in 8 min 31 s);
+#: the next file, tests/test_candidates.py, took 35 s. docs/tests.md "Keeping the suite
+#: fast". A stale order costs only time: every collected test still runs.
 HEAVY_FIRST = (
-    "tests/test_sparse.py",            # ≈ 225 s
-    "tests/test_readme.py",            # ≈ 170 s
-    "tests/test_implicit.py",          # 159 s
-    "tests/test_layers_gradient.py",   # ≈ 135 s
-    "tests/test_step.py",              # ≈ 120 s
-    "tests/test_rollout_failures.py",  # 103 s
-    "tests/test_cli.py",               # 77 s
-    "tests/test_bag_fit.py",           # 57 s
+    "tests/test_sparse.py",            # 159 s
+    "tests/test_implicit.py",          # 118 s
+    "tests/test_readme.py",            # 114 s
+    "tests/test_layers_gradient.py",   # 105 s
+    "tests/test_step.py",              # 85 s
+    "tests/test_rollout_failures.py",  # 78 s
+    "tests/test_cli.py",               # 52 s
+    "tests/test_bag_fit.py",           # 46 s
 )
 
 
