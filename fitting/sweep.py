@@ -1,12 +1,19 @@
 """Batched parameter sweeps: ``vmap`` a rollout measurement over parameter sets, sharded
-over the available devices with ``jax.sharding`` (one GPU, several GPUs or hosts, or CPU
-devices from ``XLA_FLAGS=--xla_force_host_platform_device_count=N``), unchanged.
+over the available devices with ``jax.sharding`` (one GPU, several GPUs, CPU devices from
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``, or the devices of several processes
+started with ``jax.distributed``), unchanged.
+
+Across processes (docs/usage.md, "Sweeps over several processes"): every process calls
+``jax.distributed.initialize(coordinator_address, num_processes, process_id)`` before any
+other JAX call, then :func:`sweep` with the same batch. Each process evaluates the members
+that fall on its own devices and gets every member's result back.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ipcjax.model import Params
@@ -20,12 +27,16 @@ def stack_params(params_list) -> Params:
 def sweep(evaluate, batch: Params, devices=None):
     """Evaluate ``evaluate(params) -> pytree`` for every parameter set in ``batch``.
 
-    The batch axis is split over ``devices`` (default: all) with a 1-D mesh; the batch
-    size must be a multiple of the device count. Returns the stacked results, in order.
+    The batch axis is split over ``devices`` (default: all, every process's included) with
+    a 1-D mesh; the batch size must be a multiple of the device count. Returns the stacked
+    results, in order: JAX arrays sharded over ``devices`` when this process holds them
+    all; NumPy arrays gathered from every process when the devices span several
+    (``jax.distributed``), where every process must call it with the same batch.
 
     Raises:
-        ValueError: a batch that is not a multiple of the number of devices, or leaves
-            with different batch sizes.
+        ValueError: a batch that is not a multiple of the number of devices, leaves with
+            different batch sizes, or (across processes) batches that differ between the
+            processes.
     """
     devices = list(jax.devices() if devices is None else devices)
     sizes = {int(np.shape(x)[0]) for x in jax.tree_util.tree_leaves(batch)}
@@ -36,5 +47,16 @@ def sweep(evaluate, batch: Params, devices=None):
         raise ValueError(f"batch of {b} parameter sets does not split over {len(devices)} devices")
     mesh = Mesh(np.asarray(devices), ("batch",))
     spec = NamedSharding(mesh, PartitionSpec("batch"))
-    batch = jax.device_put(batch, spec)
-    return jax.jit(jax.vmap(evaluate), in_shardings=spec, out_shardings=spec)(batch)
+    run = jax.jit(jax.vmap(evaluate), in_shardings=spec, out_shardings=spec)
+    if spec.is_fully_addressable:
+        return run(jax.device_put(batch, spec))
+    # devices of several processes: each process places the rows of its own devices, and
+    # every process must hold the same batch (checked: a mismatch would mix two sweeps)
+    host = jax.tree_util.tree_map(np.asarray, batch)
+    try:
+        multihost_utils.assert_equal(host)
+    except AssertionError as e:
+        raise ValueError("sweep across processes needs the same parameter batch in every process; "
+                         f"they differ ({e})") from None
+    placed = jax.tree_util.tree_map(lambda a: jax.make_array_from_callback(a.shape, spec, lambda i: a[i]), host)
+    return multihost_utils.process_allgather(run(placed), tiled=True)
