@@ -28,8 +28,9 @@ the residuals)::
     python3 benchmarks/device_check.py [--steps 6] [--json out.json]
     bash benchmarks/gpu_check.sh          # the same, with the figures under $OUT
 
-The ensemble's wall time per member (K = 1, 16, 64) is not measured here: ensembles do not
-run as one batched program yet (issue #35, item 2).
+The ensemble's wall time per member (K = 1, 16, 64) is measured by
+benchmarks/ensemble_step.py (one lockstep step of K coarse bags as one program), which
+benchmarks/gpu_check.sh runs after this script.
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 # The accelerator against the CPU in one command, for a machine with a GPU and no network
 # (issue #35, item 4; docs/validation.md "The accelerator against the CPU"):
 # benchmarks/device_check.py's reference scenes and the bag's first 6 steps, on the GPU and
-# on the CPU, each run in its own process. Takes about 5 minutes; exits non-zero when a
-# check fails. The figures land in $OUT (default runs/gpu_check): device.txt,
-# device_check.json, device_check.log.
+# on the CPU, each run in its own process; then the coarse bag's lockstep ensemble step at
+# K = 1, 16 and 64 members on the default device (benchmarks/ensemble_step.py). Exits
+# non-zero when a check fails. The figures land in $OUT (default runs/gpu_check):
+# device.txt, device_check.json, device_check.log, ensemble_step.json, ensemble_step.log.
 #
 # Such a machine has JAX with its CUDA plugin but not this project's pure-Python or small
 # dependencies; bring the ones the checks import as wheels, made where pip works:
@@ -26,3 +27,5 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"; } > "$OUT/device.txt"
 cat "$OUT/device.txt"
 python3 benchmarks/device_check.py --json "$OUT/device_check.json" 2>&1 | tee "$OUT/device_check.log"
+python3 benchmarks/ensemble_step.py --members 1,16,64 --steps 6 --rounds 2 --json "$OUT/ensemble_step.json" 2>&1 \
+  | tee "$OUT/ensemble_step.log"
