@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ipcjax import candidates as C
+from ipcjax import ensemble as E
 from ipcjax.energies.bending import dihedral_angle
 from ipcjax.line_search import step_bound
 from ipcjax.model import Config, Controls, Params
@@ -17,6 +18,7 @@ from ipcjax.stencils import friction_set
 from ipcjax.step import advance, check_geometry, make_state, step, step_problem
 from scenes.film import edge_edge_scene, hinge_scene, vertex_triangle_scene
 from tests.helpers import assert_nonzero, central_gradient, rel_err
+from tests.test_ensemble import members_equal_their_single_steps
 
 DT = 1.0 / 240.0
 CFG = Config()
@@ -60,6 +62,43 @@ def test_vertex_triangle_scene_keeps_the_gap():
     assert min(dists) > CFG.min_gap  # mid-surface distance > 30 µm at every step
     assert dists[-1] < 2e-3  # the triangle did come down into the barrier range
     assert out[0][1].min_step_bound < 1.0  # the first step was limited by the bound
+
+
+def test_two_members_of_a_contact_scene_equal_their_single_steps():
+    """ipcjax.ensemble: a vertex falling onto a triangle, two members with different speeds
+    and stiffnesses, one vmapped program with no host callback: each member equals its own
+    step to round-off (measured 0 m on this CPU); a failed member is named; the host solver
+    is refused. Here, after the test above, the single step's program is already compiled;
+    the coarse bag's ensemble is tests/test_ensemble.py's (slow)."""
+    sc = vertex_triangle_scene()
+    m = sc.model
+    ctl = Controls.empty(m.n_particles, tolerance=1e-9)
+    s0 = make_state(sc.x, sc.v)
+    s1 = make_state(sc.x, sc.v * 1.5)
+    p0 = Params.film_defaults()
+    cap = C.initial_capacity(m.topology)  # advance()'s in the test above, so its program is shared
+    diff = members_equal_their_single_steps(
+        m, [p0, p0._replace(youngs_modulus=jnp.asarray(2 * 315e6))], [s0, s1], [ctl, ctl], Config(), cap)
+    assert diff < 1e-12, diff
+
+    # a member whose step fails (a non-finite velocity) keeps its input state and is named,
+    # beside a member that steps; the same program
+    P = E.stack([p0, p0])
+    S = E.stack([s0, s1._replace(v=s1.v.at[0, 2].set(jnp.nan))])
+    Cs = E.stack([ctl, ctl])
+    out, info = E.ensemble_step(m, P, S, Cs, DT, config=Config(), capacity=cap)
+    codes = np.asarray(info.code)
+    assert codes[0] == 0 and codes[1] != 0, codes  # the NaN fails the factorization (measured)
+    np.testing.assert_array_equal(np.asarray(out.x[1]), np.asarray(S.x[1]))
+    assert np.max(np.abs(np.asarray(out.x[0]) - np.asarray(s0.x))) > 1e-6
+    with pytest.raises(E.MemberFailed, match=f"ensemble member 1 failed its step: {StepCode.describe(codes[1])}"):
+        E.check_members(info)
+    with pytest.raises(ValueError, match="linear solve inside XLA"):
+        E.ensemble_step(m, P, S, Cs, DT, config=Config(linear_solver="sparse"), capacity=cap)
+    with pytest.raises(ValueError, match="fixed capacity"):
+        E.ensemble_step(m, P, S, Cs, DT, config=Config(), capacity=None)
+    with pytest.raises(ValueError, match="same number of members"):
+        E.ensemble_step(m, E.stack([p0] * 3), S, Cs, DT, config=Config(), capacity=cap)
 
 
 def test_edge_edge_scene_keeps_the_gap():
