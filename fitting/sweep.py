@@ -11,17 +11,18 @@ that fall on its own devices and gets every member's result back.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ipcjax.ensemble import stack
 from ipcjax.model import Params
 
 
 def stack_params(params_list) -> Params:
-    """Stack a list of :class:`Params` into one with a leading batch axis."""
-    return jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *params_list)
+    """Stack a list of :class:`Params` into one with a leading batch axis
+    (:func:`ipcjax.ensemble.stack`)."""
+    return stack(params_list)
 
 
 def sweep(evaluate, batch: Params, devices=None):

@@ -38,11 +38,6 @@ def stack(trees):
     return jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *trees)
 
 
-def member(tree, k: int):
-    """Member ``k`` of a stacked pytree."""
-    return jax.tree_util.tree_map(lambda a: a[k], tree)
-
-
 def host_callbacks(fn, *args, **kwargs) -> list[str]:
     """The host-callback primitives in the jaxpr of ``fn(*args, **kwargs)``, sub-jaxprs
     (loops, conditionals, nested jits) included; empty when the program never calls the host."""
@@ -83,7 +78,8 @@ def ensemble_step(model: Model, params, states, controls, dt, *, config: Config,
         for one: a failed member keeps its input state.
 
     Raises:
-        ValueError: the host linear solver, no capacity, or member axes of different sizes.
+        ValueError: the host linear solver, no capacity, an unstacked leaf, or member axes
+            of different sizes.
     """
     if config.linear_solver == "sparse":
         raise ValueError("ensemble_step needs a linear solve inside XLA (Config.linear_solver 'dense' or 'cg'); "
@@ -91,7 +87,11 @@ def ensemble_step(model: Model, params, states, controls, dt, *, config: Config,
     if capacity is None:
         raise ValueError("ensemble_step needs a fixed capacity for the ensemble (ipcjax.capacity.Capacity); "
                          "a single member's advance() reports one it has grown to")
-    sizes = {int(np.shape(a)[0]) for a in jax.tree_util.tree_leaves((params, states, controls))}
+    leaves = jax.tree_util.tree_leaves((params, states, controls))
+    if any(np.ndim(a) == 0 for a in leaves):
+        raise ValueError("params, states and controls must be stacked over the members (ipcjax.ensemble.stack); "
+                         "a leaf has no member axis")
+    sizes = {int(np.shape(a)[0]) for a in leaves}
     if len(sizes) != 1:
         raise ValueError(f"params, states and controls need the same number of members; got sizes {sorted(sizes)}")
     return _ensemble_step(model, params, states, controls, jnp.asarray(dt), config=config, capacity=capacity)

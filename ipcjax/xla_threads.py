@@ -59,7 +59,8 @@ def check_xla_flags(xla_flags: str) -> None:
             raise ValueError(
                 f"XLA_FLAGS word {word!r} does not start with '--': XLA stops reading XLA_FLAGS there and "
                 f"ignores it and every flag after it ({' '.join(words[i + 1:]) or 'none yet'}); "
-                "remove it (intra_op_parallelism_threads is not an XLA flag)")
+                "remove it, or write it as --NAME=VALUE if it is an XLA flag (intra_op_parallelism_threads=1, "
+                "often quoted for JAX, is not one)")
 
 
 def with_flags(xla_flags: str) -> str:

@@ -99,6 +99,8 @@ def test_two_members_of_a_contact_scene_equal_their_single_steps():
         E.ensemble_step(m, P, S, Cs, DT, config=Config(), capacity=None)
     with pytest.raises(ValueError, match="same number of members"):
         E.ensemble_step(m, E.stack([p0] * 3), S, Cs, DT, config=Config(), capacity=cap)
+    with pytest.raises(ValueError, match="must be stacked over the members"):
+        E.ensemble_step(m, p0, S, Cs, DT, config=Config(), capacity=cap)
 
 
 def test_edge_edge_scene_keeps_the_gap():

@@ -44,7 +44,7 @@ SCRIPT = ("import jax\nassert len(jax.devices()) == 2, jax.devices()\n" + ROLLOU
           + "assert len(out.sharding.device_set) == 2\nprint('ok')\n")
 
 #: The fast sibling's evaluation: a damped Newton loop (``lax.while_loop``, a stopping
-#: tolerance, a host callback per member), the constructs a rollout brings to ``sweep``,
+#: tolerance, a host callback, called once per member under vmap), the constructs a rollout brings to ``sweep``,
 #: on one scalar equation instead of a film: the sag z of a spring of stiffness E·h under
 #: gravity with a cubic stiffening, k z + k z³/L² = m g.
 SAG = textwrap.dedent("""
@@ -98,8 +98,8 @@ DISTRIBUTED = textwrap.dedent("""
     scales = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
     out, its = sweep(sag, batch_of(scales))
     assert isinstance(out, np.ndarray) and out.shape == (8,) and its.shape == (8,)
-    # a debug callback gets its operands gathered and runs once, in the process of the
-    # mesh's first device: process 0 sees every member's iteration count, process 1 none
+    # a debug callback runs only in the process of the mesh's first device, once per member:
+    # process 0 sees every member's iteration count, in order, and process 1 none
     assert np.all(its < 50) and seen == (its.tolist() if pid == 0 else []), (pid, its, seen)
     ref = single(scales)
     assert np.max(np.abs(out - ref)) <= 1e-12 * np.max(np.abs(ref))
