@@ -46,7 +46,7 @@ Each Armijo comparison takes Φ(x) on the same rows as its trial points.
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
 
-Each pass of the loop runs one phase of an iteration (``lax.switch``): QUERY (the
+Each pass of the loop runs one phase of an iteration (a switch): QUERY (the
 step-start query and every requery), DIRECTION (steps 1–3) and SEARCH (steps 5–6). So the
 candidate query, the largest piece of the program after the closest-point code, is
 compiled once, not once before the loop and once in it: a step program's LLVM code is
@@ -57,7 +57,10 @@ and, as the solve's last pass, takes them at x* rounded to FP32 (the storage rec
 ``SolveInfo.rounded_gap``). A direction
 whose swept box leaves the last query's box ± skin/2 is carried, unchanged, through QUERY
 to SEARCH, so the iterates are bit for bit those of a loop that ran a whole iteration per
-pass.
+pass. The switch is :func:`ipcjax.lockstep.switch`: a ``lax.switch`` here, and under
+``vmap`` (an ensemble) it runs only the phases some member is in, where ``lax.switch``
+would run all three for every member on every pass; the same for QUERY's choice between
+a query and keeping the candidates (a retaken reference, the last pass's recheck).
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ import jax.numpy as jnp
 
 from ipcjax import candidates as _cand
 from ipcjax import distance as _dist
+from ipcjax import lockstep
 from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
                                 reach_contacts, step_bound)
 from ipcjax.linear_solvers import linear_solver
@@ -261,8 +265,9 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         first, regap, recheck = ~s.started, s.regap, s.recheck
         x = s.x
         lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
-        c2, s2 = jax.lax.cond(regap | recheck, lambda: (s.contacts, s.stats),
-                              lambda: query(x, jnp.where(first, x, x + s.dx)))
+        c2, s2 = lockstep.switch((regap | recheck).astype(jnp.int32),
+                                 [lambda _: query(x, jnp.where(first, x, x + s.dx)), lambda kept: kept],
+                                 (s.contacts, s.stats))
         at = jnp.where(recheck, x.astype(jnp.float32).astype(x.dtype), x)
         at_x = contact_gaps(at, c2, radius, min_gap)  # one copy of the closest-point code for all
         g2 = at_x[0]
@@ -384,7 +389,8 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
                       fact_ok=jnp.bool_(True), over=jnp.bool_(False))
 
     def body(s: NewtonState):
-        return jax.lax.switch(s.phase, [query_phase, direction_phase, search_phase], s)
+        # under vmap (an ensemble) only the phases some member is in run (ipcjax.lockstep)
+        return lockstep.switch(s.phase, [query_phase, direction_phase, search_phase], s)
 
     gaps_shape = jax.eval_shape(lambda z, c: contact_gaps(z, c, radius, min_gap), x_init, contacts_none)
     friction_none = zeros(jax.eval_shape(make_friction, contacts_none, zeros(gaps_shape)))
