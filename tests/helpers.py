@@ -46,6 +46,13 @@ def central_hessian(f, x, h=1e-5):
     return J.reshape(x.size, x.size)
 
 
+def fp32_ulp(x):
+    """The FP32 spacing at the largest |entry| of x: one step of the stored precision (m for
+    positions). A batched program may round differently from its single twin by that much
+    (docs/usage.md, "Ensembles in lockstep")."""
+    return float(np.spacing(np.float32(np.abs(np.asarray(x)).max())))
+
+
 def rel_err(a, b):
     """max|a-b| / max(max|b|, tiny): the relative error used throughout the tests."""
     a = np.asarray(a, dtype=np.float64)
