@@ -3,7 +3,8 @@
 Whatever :func:`scenes.bag_run.run_bag` can do from Python the command can do: the film's
 E, μf and kθ (``--youngs-modulus``, ``--friction``, ``--bending-scale``) give
 ``BagRunOptions.params``, ``--perturb`` and ``--seed`` its start's velocity kick, and
-summary.json records them as it does for a Python caller.
+summary.json records them as it does for a Python caller. ``--ensemble K`` runs K of
+them in lockstep instead (:func:`scenes.bag_ensemble.run_bag_ensemble`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--perturb", type=float, default=0.0, help="rms speed, m/s, of a seeded smooth velocity kick of "
                     "the film at the start, for ensembles of runs whose pleats differ (scenes/perturb.py; default 0)")
     ap.add_argument("--seed", type=int, help="the kick's seed (default 0); only with --perturb")
+    ap.add_argument("--ensemble", type=int, metavar="K", help="run K bags in lockstep as one batched program "
+                    "(scenes/bag_ensemble.py): member 0 unkicked, member j kicked with --perturb V and seed S+j; "
+                    "needs --linear-solver dense or cg; writes member<j>/ folders, no meshes, pictures or checkpoints")
     return ap
 
 
@@ -78,7 +82,18 @@ def run(argv, check, positive) -> int:
     from scenes.bag_run import BagRunOptions, run_bag
 
     film = tuple(field for field, _ in FILM_FLAGS.values())
-    options = {k: v for k, v in vars(args).items() if k != "no_pictures" and k not in film}
-    result = run_bag(BagRunOptions(**options, pictures=not args.no_pictures, params=params))
+    options = {k: v for k, v in vars(args).items() if k not in ("no_pictures", "ensemble") and k not in film}
+    options = BagRunOptions(**options, pictures=not args.no_pictures, params=params)
+    if args.ensemble is not None:
+        from scenes.bag_ensemble import check_ensemble_options, run_bag_ensemble
+
+        unused = [f for f, given in (("--checkpoint-every", args.checkpoint_every != 120),
+                                     ("--mesh-every", args.mesh_every != 24), ("--no-pictures", args.no_pictures))
+                  if given]
+        check(not unused, f"--ensemble writes no checkpoints, meshes or pictures; drop {', '.join(unused)}")
+        check_ensemble_options(options, args.ensemble, None)  # a ValueError: jobs.cli exits 2 with its message
+        result = run_bag_ensemble(options, args.ensemble)
+    else:
+        result = run_bag(options)
     print(runfolder.dumps(result.summary))
     return 0 if result.ok else 1

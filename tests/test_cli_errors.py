@@ -24,6 +24,7 @@ def no_simulation(monkeypatch):
     def advance(*a, **k):
         raise AssertionError("the job started simulating before refusing its input")
     monkeypatch.setattr("ipcjax.step.advance", advance)
+    monkeypatch.setattr("ipcjax.ensemble.ensemble_rollout", advance)
 
 
 def refused(capsys, argv, *expect):
@@ -89,6 +90,13 @@ def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (["--perturb", "-0.1"], "--perturb must be a finite speed ≥ 0 m/s; got -0.1"),
     (["--perturb", "inf"], "--perturb must be a finite speed ≥ 0 m/s; got inf"),
     (["--seed", "3"], "--seed chooses the kick of --perturb V > 0; without one it would change nothing"),
+    (["--ensemble", "0", "--linear-solver", "dense"], "--ensemble needs an integer number of members ≥ 1; got 0"),
+    (["--ensemble", "2", "--perturb", "0.1"], "--ensemble runs its linear solve inside XLA: give --linear-solver "
+                                              "dense (or cg)"),
+    (["--ensemble", "2", "--linear-solver", "dense"], "--ensemble 2 without --perturb V (or parameter sets) would "
+                                                      "run 2 identical bags"),
+    (["--ensemble", "2", "--linear-solver", "dense", "--perturb", "0.1", "--mesh-every", "0", "--no-pictures"],
+     "--ensemble writes no checkpoints, meshes or pictures; drop --mesh-every, --no-pictures"),
 ])
 def test_bag_refuses_out_of_range_flags(capsys, tmp_path, flags, expect):
     refused(capsys, ["bag", "--resolution", "coarse", *flags, "--out", str(tmp_path / "b")], expect)
@@ -100,6 +108,9 @@ def test_bag_refuses_an_end_time_with_no_step_to_run(capsys, tmp_path):
             "--until 0.001 s leaves no step to run after t = 0.0000 s")
     refused(capsys, ["bag", "--resolution", "coarse", "--resume", BAG_STATE, "--until", "8",
                      "--out", str(tmp_path / "b")], "--until 8 s leaves no step to run after t = 8.5000 s")
+    refused(capsys, ["bag", "--resolution", "coarse", "--resume", BAG_STATE, "--until", "8", "--ensemble", "2",
+                     "--linear-solver", "dense", "--perturb", "0.1", "--out", str(tmp_path / "b")],
+            "--until 8 s leaves no step to run after t = 8.5000 s")
     assert not (tmp_path / "b").exists()
 
 

@@ -1,0 +1,104 @@
+"""``ipcjax bag --ensemble K`` (scenes/bag_ensemble.py): the host loop around the batched
+program with a stand-in for it, and (slow) a K = 2 coarse-bag ensemble against two single
+runs of ``ipcjax bag``."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ipcjax import ensemble as E
+from ipcjax.result import StepCode
+from scenes import bag_ensemble as BE
+from scenes.bag_run import BagRunOptions, run_bag
+from tests.helpers import fp32_ulp
+
+BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8.50 s (tying)
+BASE = dict(resolution="coarse", resume=BAG_STATE, linear_solver="dense", progress=False, pictures=False,
+            mesh_every=0, perturb=1e-3)
+
+
+def test_chunks_have_one_length_and_stop_at_the_unfold_check():
+    assert list(BE._chunks(0, 40, 30)) == [(0, 12), (12, 24), (24, 30), (30, 36), (36, 40)]
+    assert list(BE._chunks(2040, 2064, None)) == [(2040, 2052), (2052, 2064)]
+    assert list(BE._chunks(5, 30, 5)) == [(5, 12), (12, 24), (24, 30)]  # a check at the start is the loop's
+    steps = [b - a for a, b in BE._chunks(0, 2520, 1452)]  # the full protocol: one program
+    assert set(steps) == {BE.CHUNK} and sum(steps) == 2520
+
+
+def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_member(monkeypatch, tmp_path, capsys):
+    """A stand-in for the program: member j's positions grow by (j + 1)·0.01 % a step
+    (about the origin: nothing intersects that did not); member 1 fails at the 4th
+    step of the second chunk. The job stops there, names member 1, its step, time and
+    reason, keeps each member's frames up to its last good step (every 2nd, save_every),
+    writes both members' folders and the mean and sd of their measurements."""
+    calls = []
+
+    def rollout(model, params, states, aux, schedule, *, dt, steps, config, capacity, keep_every=1):
+        calls.append(steps)
+        k = np.arange(1, steps + 1)
+        grow = 1 + 1e-4 * np.arange(1, 3)[:, None, None, None] * k[None, :, None, None]
+        frames = np.asarray(states.x, np.float64)[:, None] * grow
+        times = np.asarray(states.t)[:, None] + dt * k[None]
+        failed_at = np.array([-1, 3 if len(calls) == 2 else -1])
+        code = np.where(failed_at >= 0, int(StepCode.ITERATION_CAP), 0)
+        last = np.where(failed_at >= 0, failed_at - 1, steps - 1)
+        end = states._replace(x=jnp.asarray(np.where(failed_at[:, None, None] == 0, states.x,
+                                                     frames[np.arange(2), last])).astype(jnp.float32),
+                              t=jnp.asarray(np.where(failed_at >= 0, times[np.arange(2), np.maximum(last, 0)],
+                                                     times[:, -1])))
+        z = np.zeros((2, steps), np.int32)
+        rep = E.MemberReport(z + code[:, None], z + 1, z, z + 1, z + 5, z, z, np.ones((2, steps)),
+                             np.full((2, steps), 4e-4), z, z, z, z, np.zeros((2, steps, 2, 3), np.int32))
+        return E.Rollout(end, aux, jnp.asarray(frames, jnp.float32), jnp.asarray(times), rep, failed_at, code), capacity
+
+    monkeypatch.setattr(E, "ensemble_rollout", rollout)
+    opts = BagRunOptions(out=str(tmp_path / "ens"), until=8.60, save_every=2, **dict(BASE, progress=True))
+    res = BE.run_bag_ensemble(opts, 2)
+    s = res.summary
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("bag ensemble: t = 8.550 of 8.60 s, step 12/24") and "ETA" not in lines[0]
+    assert lines[1].startswith("bag ensemble: t = 8.600 of 8.60 s, step 15/24") and "ETA" in lines[1]
+    assert lines[2] == (f"bag ensemble: member 1 stopped in phase 'tie' at t = 8.5625 s: "
+                        f"{StepCode.describe(StepCode.ITERATION_CAP)}") and len(lines) == 3
+    assert calls == [12, 12] and not res.ok
+    f = s["failure"]
+    assert (f["member"], f["step"], f["reason"]) == (1, 2040 + 12 + 3, StepCode.describe(StepCode.ITERATION_CAP))
+    assert f["time_s"] == pytest.approx(8.50 + 15 / 240)  # the start of the failed step
+    assert s["step_index"] == 2055 and s["ensemble"] == 2
+    for j, frames in ((0, 1 + 12), (1, 1 + 6 + 1)):  # the start, then steps 2, 4, … up to the last good one
+        with np.load(tmp_path / "ens" / f"member{j}" / "trajectory.npz") as tr:
+            assert tr["film"].shape[0] == frames == s["members"][j]["audit"]["frames"], j
+        with open(tmp_path / "ens" / f"member{j}" / "summary.json") as fh:
+            assert json.load(fh)["member"] == j
+        assert (tmp_path / "ens" / f"member{j}" / "state.npz").exists()
+    assert s["members"][0]["newton_iterations"] == 5 * 24 and s["members"][1]["newton_iterations"] == 5 * 15
+    assert s["members"][1]["perturbation"]["seed"] == 1 and s["members"][0]["perturbation"] is None
+    neck = np.array([m["measurements"]["neck_width_mm"] for m in s["members"]])
+    np.testing.assert_allclose(s["measurements_mean_sd"]["neck_width_mm"]["mean"], neck.mean(axis=0))
+    np.testing.assert_allclose(s["measurements_mean_sd"]["neck_width_mm"]["sd"], neck.std(axis=0, ddof=1))
+    assert np.all(np.asarray(s["measurements_mean_sd"]["neck_width_mm"]["sd"]) > 0)
+
+
+@pytest.mark.slow  # the coarse bag's ensemble program and two single runs (≈ 2.5 min)
+def test_two_coarse_bag_members_equal_two_single_runs(tmp_path):
+    """`ipcjax bag --ensemble 2 --perturb 1e-3` from the coarse bag at 8.50 s (tying) over
+    12 steps, against `ipcjax bag` without a kick and with --perturb 1e-3 --seed 1, all on
+    the dense solver: every kept frame of each member equals its single run's to four FP32
+    steps (measured: 0 m, bit for bit, on this CPU), with the same Newton iterations; the
+    members differ (the kick shows)."""
+    base = dict(BASE, until=8.55)
+    res = BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "ens"), **base), 2)
+    assert res.ok and res.summary["failure"] is None
+    films = []
+    for j in (0, 1):
+        single = run_bag(BagRunOptions(out=str(tmp_path / f"single{j}"), seed=j, **dict(base, perturb=1e-3 if j else 0)))
+        with np.load(tmp_path / "ens" / f"member{j}" / "trajectory.npz") as a, \
+                np.load(tmp_path / f"single{j}" / "trajectory.npz") as b:
+            assert a["film"].shape == b["film"].shape == (13, 85, 3)
+            np.testing.assert_array_equal(a["time"], b["time"])
+            tol = 4 * fp32_ulp(b["film"])  # a few FP32 steps; measured 0 on this CPU
+            assert np.abs(a["film"] - b["film"]).max() <= tol and np.abs(a["spheres"] - b["spheres"]).max() <= tol
+            films.append(a["film"][-1])
+        assert res.summary["members"][j]["newton_iterations"] == single.summary["newton_iterations"]
+    assert np.abs(films[1] - films[0]).max() > 1e-8
