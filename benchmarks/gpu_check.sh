@@ -3,9 +3,12 @@
 # (issue #35, item 4; docs/validation.md "The accelerator against the CPU"):
 # benchmarks/device_check.py's reference scenes and the bag's first 6 steps, on the GPU and
 # on the CPU, each run in its own process; then the coarse bag's lockstep ensemble step at
-# K = 1, 16 and 64 members on the default device (benchmarks/ensemble_step.py). Exits
-# non-zero when a check fails. The figures land in $OUT (default runs/gpu_check):
-# device.txt, device_check.json, device_check.log, ensemble_step.json, ensemble_step.log.
+# K = 1, 16 and 64 members on the default device (benchmarks/ensemble_step.py), and the
+# 481-vertex bag's `ipcjax bag --ensemble K` from the tie checkpoint over 0.1 s at K = 1, 16
+# and 64 (benchmarks/ensemble_bag.py: wall per member; the goal is 64 bags for at most 4×
+# the wall of one). Exits non-zero when a check fails. The figures land in $OUT (default
+# runs/gpu_check): device.txt, device_check.json/.log, ensemble_step.json/.log,
+# ensemble_bag.json/.log.
 #
 # Such a machine has JAX with its CUDA plugin but not this project's pure-Python or small
 # dependencies; bring the ones the checks import as wheels, made where pip works:
@@ -29,3 +32,5 @@ cat "$OUT/device.txt"
 python3 benchmarks/device_check.py --json "$OUT/device_check.json" 2>&1 | tee "$OUT/device_check.log"
 python3 benchmarks/ensemble_step.py --members 1,16,64 --steps 6 --rounds 2 --json "$OUT/ensemble_step.json" 2>&1 \
   | tee "$OUT/ensemble_step.log"
+python3 benchmarks/ensemble_bag.py --resolution full --state scenes/data/bag_full_tie.npz --until 8.50 \
+  --members 1,16,64 --rounds 1 --json "$OUT/ensemble_bag.json" 2>&1 | tee "$OUT/ensemble_bag.log"
