@@ -161,9 +161,10 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     figures = [dict(iterations=0, max_depth=0, min_gap=np.inf) for _ in range(members)]
     failure, first_chunk_s, wall0 = None, None, time.perf_counter()
     with BackgroundAudit(sc.faces, np.arange(len(sc.film), len(sc.film) + len(sc.spheres)),
-                         sc.sphere_radius) as audit:
+                         sc.sphere_radius) as background:
+        audit = _MemberAudit(background, np.r_[sc.film, sc.spheres])
         for j in range(members):
-            audit.add(kept[j][0][0][np.r_[sc.film, sc.spheres]])
+            audit.add(j, kept[j][0][0])
         for a, b in _chunks(step, n_total, unfold_step):
             if a == unfold_step:
                 failure = _unfold_failure(sc, states, a)
@@ -181,7 +182,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
                           (first_chunk_s, first_steps))
             if failure:
                 break
-        audits = audit.result()
+        audits = audit.split(members)
     wall = time.perf_counter() - wall0
     if failure:
         print(f"bag ensemble: member {failure['member']} stopped in phase {failure['phase']!r} at t = "
@@ -189,6 +190,26 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     return _write(sc, options, dict(states=states, caps=caps, step=step, checked=checked, kept=kept, figures=figures,
                                     audits=audits, failure=failure, wall=wall, first_chunk_s=first_chunk_s,
                                     params=plist, capacity=capacity))
+
+
+class _MemberAudit:
+    """One :class:`ipcjax.audit.BackgroundAudit` for every member's frames, in the order they
+    come (interleaved by chunk), each frame's member recorded, so that :meth:`split` gives
+    each member the audit of its own frames, in order."""
+
+    def __init__(self, background, order):
+        self.background, self.order, self.owner = background, order, []
+
+    def add(self, member: int, x) -> None:
+        """Audit member's positions x (N, 3): film then spheres (``order``)."""
+        self.background.add(np.asarray(x)[self.order])
+        self.owner.append(member)
+
+    def split(self, members: int) -> list:
+        """Per member: its frames' intersecting pairs and smallest film–film and film–sphere gaps."""
+        r, owner = self.background.result(), np.asarray(self.owner)
+        keys = ("intersecting_pairs", "min_film_film", "min_film_sphere")
+        return [{k: np.asarray(r[k])[owner == j] for k in keys} for j in range(members)]
 
 
 def _progress(t: float, until: float, steps, wall: float, first) -> None:
@@ -229,7 +250,7 @@ def _take_chunk(run, a: int, kept, figures, save_every: int, audit, sc) -> dict 
         for i in range(n):
             if (a + i + 1) % save_every == 0:
                 kept[j].append((frames[j, i], float(times[j, i])))
-                audit.add(frames[j, i][np.r_[sc.film, sc.spheres]])
+                audit.add(j, frames[j, i])
         f = figures[j]
         f["iterations"] += int(np.asarray(rep.iterations[j, :n]).sum())
         f["max_depth"] = max(f["max_depth"], int(np.asarray(rep.max_depth[j, :n]).max(initial=0)))
@@ -248,7 +269,7 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
     from scenes.bag import measurements
     from scenes.perturb import describe
 
-    members, audits, n_done = [], r["audits"], 0
+    members = []
     for j, kept in enumerate(r["kept"]):
         folder = os.path.join(options.out, f"member{j}")
         runfolder.prepare(folder)
@@ -258,18 +279,16 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
         write_state(os.path.join(folder, "state.npz"), r["states"].x[j], r["states"].v[j], r["states"].t[j],
                     step=r["step"], unfold_checked=r["checked"], resolution=options.resolution,
                     captures=_captures_npz(sc, r["caps"], j), protocol=options.protocol)
-        part = slice(n_done, n_done + len(kept))
-        n_done += len(kept)
-        f = r["figures"][j]
+        a, f = r["audits"][j], r["figures"][j]
         p = r["params"][j]
         m = dict(member=j, perturbation=describe(options.perturb, options.seed + j) if j else None,
                  params={k: float(getattr(p, k)) for k in ("youngs_modulus", "friction", "bending_scale")},
                  newton_iterations=f["iterations"], max_subdivision_depth=f["max_depth"], min_gap_m=float(f["min_gap"]),
                  measurements=measurements(traj.film, traj.spheres, traj.time, sc),
-                 audit=dict(frames=len(kept), frames_with_self_intersection=int((audits["intersecting_pairs"][part] > 0)
-                                                                                 .sum()),
-                            min_film_film_m=float(np.min(audits["min_film_film"][part])),
-                            min_film_sphere_m=float(np.min(audits["min_film_sphere"][part]))))
+                 audit=dict(frames=len(a["intersecting_pairs"]),
+                            frames_with_self_intersection=int((a["intersecting_pairs"] > 0).sum()),
+                            min_film_film_m=float(np.min(a["min_film_film"])),
+                            min_film_sphere_m=float(np.min(a["min_film_sphere"]))))
         runfolder.write_json(os.path.join(folder, "summary.json"), m)
         members.append(m)
     summary = dict(

@@ -66,9 +66,18 @@ def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_mem
     assert (f["member"], f["step"], f["reason"]) == (1, 2040 + 12 + 3, StepCode.describe(StepCode.ITERATION_CAP))
     assert f["time_s"] == pytest.approx(8.50 + 15 / 240)  # the start of the failed step
     assert s["step_index"] == 2055 and s["ensemble"] == 2
+    from ipcjax.audit import audit_trajectory
+    from scenes.bag import bag_scene
+
+    sc = bag_scene("coarse")
+    spheres = np.arange(len(sc.film), len(sc.film) + len(sc.spheres))
     for j, frames in ((0, 1 + 12), (1, 1 + 6 + 1)):  # the start, then steps 2, 4, … up to the last good one
         with np.load(tmp_path / "ens" / f"member{j}" / "trajectory.npz") as tr:
             assert tr["film"].shape[0] == frames == s["members"][j]["audit"]["frames"], j
+            own = audit_trajectory(np.concatenate([tr["film"], tr["spheres"]], axis=1), sc.faces, spheres,
+                                   sc.sphere_radius)  # the member's audit is of its own frames
+        assert s["members"][j]["audit"]["min_film_film_m"] == float(np.min(own["min_film_film"])), j
+        assert s["members"][j]["audit"]["min_film_sphere_m"] == float(np.min(own["min_film_sphere"])), j
         with open(tmp_path / "ens" / f"member{j}" / "summary.json") as fh:
             assert json.load(fh)["member"] == j
         assert (tmp_path / "ens" / f"member{j}" / "state.npz").exists()
