@@ -155,7 +155,8 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     plist = [sc.params] * members if params is None else [check_params(p) for p in params]
     schedule = BagSchedule(cj.protocol(sc.choreography))
     t_unfold = sc.choreography.track("unfold").t_off
-    unfold_step = None if checked else int(np.ceil((t_unfold - EPS_T) / sc.dt))
+    # the unfold check runs at the first step start at or after the unfold's end, as in run_bag
+    unfold_step = None if checked else max(step, int(np.ceil((t_unfold - EPS_T) / sc.dt)))
     capacity = initial_capacity(sc.model.topology)
     kept = [[(np.asarray(states.x[j]), float(states.t[j]))] for j in range(members)]
     figures = [dict(iterations=0, max_depth=0, min_gap=np.inf) for _ in range(members)]
@@ -276,8 +277,9 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
         x = np.stack([k[0] for k in kept])
         traj = runfolder.Trajectory(x[:, sc.film], x[:, sc.spheres], sc.faces, np.array([k[1] for k in kept]))
         runfolder.write_trajectory(os.path.join(folder, "trajectory.npz"), traj)
-        write_state(os.path.join(folder, "state.npz"), r["states"].x[j], r["states"].v[j], r["states"].t[j],
-                    step=r["step"], unfold_checked=r["checked"], resolution=options.resolution,
+        t_j = float(r["states"].t[j])  # a member that did not fail ran to its chunk's end
+        write_state(os.path.join(folder, "state.npz"), r["states"].x[j], r["states"].v[j], t_j,
+                    step=int(round(t_j / sc.dt)), unfold_checked=r["checked"], resolution=options.resolution,
                     captures=_captures_npz(sc, r["caps"], j), protocol=options.protocol)
         a, f = r["audits"][j], r["figures"][j]
         p = r["params"][j]

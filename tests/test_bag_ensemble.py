@@ -10,7 +10,7 @@ import pytest
 from ipcjax import ensemble as E
 from ipcjax.result import StepCode
 from scenes import bag_ensemble as BE
-from scenes.bag_run import BagRunOptions, run_bag
+from scenes.bag_run import BagRunOptions, read_bag_state, run_bag
 from tests.helpers import fp32_ulp
 
 BAG_STATE = "tests/data/bag_coarse_8p50.npz"  # a coarse `ipcjax bag` state at 8.50 s (tying)
@@ -80,7 +80,8 @@ def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_mem
         assert s["members"][j]["audit"]["min_film_sphere_m"] == float(np.min(own["min_film_sphere"])), j
         with open(tmp_path / "ens" / f"member{j}" / "summary.json") as fh:
             assert json.load(fh)["member"] == j
-        assert (tmp_path / "ens" / f"member{j}" / "state.npz").exists()
+        rs = read_bag_state(str(tmp_path / "ens" / f"member{j}" / "state.npz"), sc, "coarse")  # resumable
+        assert int(rs["step"]) == (2064, 2055)[j]  # member 0 ran its chunk out, member 1 stopped
     assert s["members"][0]["newton_iterations"] == 5 * 24 and s["members"][1]["newton_iterations"] == 5 * 15
     assert s["members"][1]["perturbation"]["seed"] == 1 and s["members"][0]["perturbation"] is None
     neck = np.array([m["measurements"]["neck_width_mm"] for m in s["members"]])
