@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ipcjax.ensemble import stack
+from ipcjax.ensemble import gather, member_sharding, place, stack
 from ipcjax.model import Params
 
 
@@ -39,25 +37,14 @@ def sweep(evaluate, batch: Params, devices=None):
             different batch sizes, or (across processes) batches that differ between the
             processes.
     """
-    devices = list(jax.devices() if devices is None else devices)
     sizes = {int(np.shape(x)[0]) for x in jax.tree_util.tree_leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"all parameter leaves need the same batch size; got sizes {sorted(sizes)}")
     (b,) = sizes
-    if b % len(devices):
-        raise ValueError(f"batch of {b} parameter sets does not split over {len(devices)} devices")
-    mesh = Mesh(np.asarray(devices), ("batch",))
-    spec = NamedSharding(mesh, PartitionSpec("batch"))
+    spec = member_sharding(b, devices)  # one device: None
+    if spec is None:
+        return jax.jit(jax.vmap(evaluate))(batch)
     run = jax.jit(jax.vmap(evaluate), in_shardings=spec, out_shardings=spec)
-    if spec.is_fully_addressable:
-        return run(jax.device_put(batch, spec))
-    # devices of several processes: each process places the rows of its own devices, and
-    # every process must hold the same batch (checked: a mismatch would mix two sweeps)
-    host = jax.tree_util.tree_map(np.asarray, batch)
-    try:
-        multihost_utils.assert_equal(host)
-    except AssertionError as e:
-        raise ValueError("sweep across processes needs the same parameter batch in every process; "
-                         f"they differ ({e})") from None
-    placed = jax.tree_util.tree_map(lambda a: jax.make_array_from_callback(a.shape, spec, lambda i: a[i]), host)
-    return multihost_utils.process_allgather(run(placed), tiled=True)
+    # across processes each process places the rows of its own devices, and every process
+    # must hold the same batch (checked: a mismatch would mix two sweeps)
+    return gather(run(place(batch, spec, what="the parameter batch of a sweep")))

@@ -288,23 +288,62 @@ def _rollout(model, params, states, aux, schedule, *, dt, config, capacity, step
     return jax.vmap(member)(params, states, aux)
 
 
-def _on_devices(trees, devices):
-    """``trees`` (stacked over the members) split over ``devices`` along the member axis;
-    unchanged on one device.
+def member_sharding(k: int, devices=None):
+    """The sharding that splits K members along their leading axis over ``devices``
+    (default: every device, those of other processes joined by ``jax.distributed``
+    included); None on one device.
 
     Raises:
-        ValueError: a member count that is not a multiple of the device count.
+        ValueError: K not a multiple of the device count.
     """
-    devices = list(jax.local_devices() if devices is None else devices)
+    devices = list(jax.devices() if devices is None else devices)
     if len(devices) < 2:
-        return trees
-    k = int(np.shape(jax.tree_util.tree_leaves(trees)[0])[0])
+        return None
     if k % len(devices):
         raise ValueError(f"{k} ensemble members do not split over {len(devices)} devices; give a multiple of "
                          f"{len(devices)} members, or devices=[one device]")
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    return jax.device_put(trees, NamedSharding(Mesh(np.asarray(devices), ("members",)), PartitionSpec("members")))
+    return NamedSharding(Mesh(np.asarray(devices), ("members",)), PartitionSpec("members"))
+
+
+def place(tree, sharding, *, what: str = "members"):
+    """``tree`` on ``sharding`` (None: unchanged). Across processes each process places the
+    rows of its own devices from its copy of ``tree``, which must equal every other
+    process's (checked: a mismatch would mix two ensembles).
+
+    Raises:
+        ValueError: across processes, trees that differ between the processes.
+    """
+    if sharding is None:
+        return tree
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+    from jax.experimental import multihost_utils
+
+    host = jax.tree_util.tree_map(np.asarray, tree)
+    try:
+        multihost_utils.assert_equal(host)
+    except AssertionError as e:
+        raise ValueError(f"{what} over several processes must be the same in every process; they differ ({e})") from None
+    return jax.tree_util.tree_map(lambda a: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]), host)
+
+
+def gather(tree):
+    """Every member's values in every process: ``tree`` unchanged when this process holds
+    all of it, else gathered from every process as NumPy arrays."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    if all(getattr(a, "is_fully_addressable", True) for a in leaves):
+        return tree
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _replicated(sharding):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(sharding.mesh, PartitionSpec())
 
 
 def ensemble_rollout(model: Model, params, states, aux, schedule, *, dt, steps: int, config: Config,
@@ -329,14 +368,18 @@ def ensemble_rollout(model: Model, params, states, aux, schedule, *, dt, steps: 
             (static). config: solver settings (an XLA linear solver). capacity: where the
             ensemble starts. keep_every: keep the positions after every n-th step (static;
             must divide ``steps``). devices: the members are split over these along their
-            axis (``jax.sharding``; default: this process's devices; one device: no split).
+            axis (``jax.sharding``; default: every device, other processes' included
+            after ``jax.distributed.initialize``; one device: no split). Across
+            processes every process calls this with the same inputs and gets every
+            member's results, as NumPy arrays.
 
     Returns:
         (:class:`Rollout`, capacity).
 
     Raises:
         ValueError: as :func:`ensemble_step`; ``steps`` < 1 or not a multiple of
-            ``keep_every``; members that do not split over the devices; a subdivision
+            ``keep_every``; members that do not split over the devices, or inputs that
+            differ between the processes; a subdivision
             depth beyond :data:`MAX_DEPTH`; a capacity
             beyond 2^28 entries (from :func:`ipcjax.capacity.grow_capacity`: positions
             have probably exploded).
@@ -349,10 +392,14 @@ def ensemble_rollout(model: Model, params, states, aux, schedule, *, dt, steps: 
     if steps % keep_every:
         raise ValueError(f"keep_every ({keep_every}) must divide steps ({steps})")
     dt = jnp.asarray(dt, jnp.float64)
-    params, states, aux = _on_devices((params, states, aux), devices)
+    k = int(np.shape(jax.tree_util.tree_leaves(states)[0])[0])
+    split = member_sharding(k, devices)
+    params, states, aux = place((params, states, aux), split)
+    if split is not None and not split.is_fully_addressable:  # the shared inputs, on every device
+        model, schedule, dt = place((model, schedule, dt), _replicated(split), what="the model and schedule")
     while True:
-        run = _rollout(model, params, states, aux, schedule, dt=dt, config=config, capacity=capacity,
-                       steps=int(steps), keep_every=int(keep_every))
+        run = gather(_rollout(model, params, states, aux, schedule, dt=dt, config=config, capacity=capacity,
+                              steps=int(steps), keep_every=int(keep_every)))
         if not (np.asarray(run.code) & int(StepCode.CAPACITY_OVERFLOW)).any():
             return run, capacity
         rep = run.reports

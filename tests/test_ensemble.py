@@ -154,3 +154,53 @@ def test_a_rollout_split_over_two_devices_equals_one_device():
     from tests.test_sweep import _run_on_two_cpu_devices
 
     _run_on_two_cpu_devices(SHARDED)
+
+
+DISTRIBUTED = """
+import sys
+import jax
+pid, port = int(sys.argv[1]), int(sys.argv[2])
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
+import numpy as np
+from ipcjax import candidates as C, ensemble as E
+from ipcjax.model import Config, Controls, Params
+from ipcjax.step import make_state
+from scenes.film import vertex_triangle_scene
+assert jax.process_count() == 2 and len(jax.devices()) == 2
+sc = vertex_triangle_scene()
+m, p0 = sc.model, Params.film_defaults()
+ctl = Controls.empty(m.n_particles, tolerance=1e-9)
+states = [make_state(sc.x, sc.v * 4), make_state(sc.x, sc.v)]
+args = (E.stack([p0] * 2), E.stack(states), E.stack([ctl] * 2), E.Constant())
+kw = dict(dt=1 / 240, steps=2, config=Config(max_newton=6), capacity=C.initial_capacity(m.topology))
+split, _ = E.ensemble_rollout(m, *args, **kw)  # one member in each process
+assert isinstance(split.state.x, np.ndarray) and not np.asarray(split.code).any()
+one, _ = E.ensemble_rollout(m, *args, **kw, devices=jax.local_devices()[:1])  # both here
+ulp = float(np.spacing(np.float32(np.abs(np.asarray(one.frames)).max())))
+assert np.abs(np.asarray(split.frames) - np.asarray(one.frames)).max() <= 4 * ulp
+for f in ("code", "substeps", "max_depth", "iterations"):
+    np.testing.assert_array_equal(np.asarray(getattr(split.reports, f)), np.asarray(getattr(one.reports, f)))
+assert np.abs(np.asarray(split.frames[1]) - np.asarray(split.frames[0])).max() > 1e-4
+refused = ""  # members that differ between the processes are refused in both
+try:
+    E.ensemble_rollout(m, args[0], E.stack([make_state(sc.x, sc.v * (1 + pid))] * 2), *args[2:], **kw)
+except ValueError as e:
+    refused = str(e)
+assert "members over several processes must be the same in every process" in refused, refused
+jax.distributed.shutdown()
+print("ok")
+"""
+
+
+@pytest.mark.slow  # a rollout compiled in each of two processes, twice (≈ 1.5 min)
+def test_a_rollout_over_two_processes_with_jax_distributed():
+    """ensemble_rollout over two processes joined with jax.distributed, one CPU device each:
+    every process gets both members' results (NumPy), equal to both run on one device to
+    four FP32 steps with the same substeps and iterations; members that differ between the
+    processes are refused in both. The fast sibling is tests/test_sweep.py's distributed
+    sweep, which places and gathers with the same ipcjax.ensemble.place and gather."""
+    import os
+
+    from tests.test_sweep import _run_two_processes
+
+    _run_two_processes(DISTRIBUTED, dict(os.environ, JAX_PLATFORMS="cpu"))

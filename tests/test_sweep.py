@@ -107,7 +107,7 @@ DISTRIBUTED = textwrap.dedent("""
     try:  # a batch that differs between the processes is refused in both
         sweep(sag, batch_of([s * (1 + pid) for s in scales]))
     except ValueError as e:
-        assert "same parameter batch in every process" in str(e), e
+        assert "the parameter batch of a sweep over several processes must be the same in every process" in str(e), e
     else:
         raise AssertionError("different batches were not refused")
     jax.distributed.shutdown()
