@@ -73,7 +73,8 @@ def check_ensemble_options(options: BagRunOptions, members: int, params) -> None
 
     Raises:
         ValueError: fewer than one member; the host linear solver; K identical members
-            (no kick, no parameter sets); parameter sets that are not one per member.
+            (no kick, no parameter sets); parameter sets that are not one per member; K
+            not a multiple of the device count.
     """
     if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or members < 1:
         raise ValueError(f"--ensemble needs an integer number of members ≥ 1; got {members!r}")
@@ -85,6 +86,9 @@ def check_ensemble_options(options: BagRunOptions, members: int, params) -> None
     if members > 1 and not options.perturb and params is None:
         raise ValueError(f"--ensemble {members} without --perturb V (or parameter sets) would run {members} "
                          f"identical bags")
+    from ipcjax.ensemble import member_sharding
+
+    member_sharding(members)  # the members must split over the devices (a ValueError names them)
 
 
 def _member_starts(sc, options: BagRunOptions, members: int):

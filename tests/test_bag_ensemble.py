@@ -112,3 +112,22 @@ def test_two_coarse_bag_members_equal_two_single_runs(tmp_path):
             films.append(a["film"][-1])
         assert res.summary["members"][j]["newton_iterations"] == single.summary["newton_iterations"]
     assert np.abs(films[1] - films[0]).max() > 1e-8
+
+
+def test_members_that_do_not_split_over_the_devices_are_refused_before_anything_runs():
+    """With two (forced CPU) devices, `--ensemble 3` is refused by the option check, naming
+    both counts; `--ensemble 2` passes it."""
+    from tests.test_sweep import _run_on_two_cpu_devices
+
+    _run_on_two_cpu_devices("""
+from scenes.bag_ensemble import check_ensemble_options
+from scenes.bag_run import BagRunOptions
+opts = BagRunOptions(linear_solver="dense", perturb=0.1)
+check_ensemble_options(opts, 2, None)
+try:
+    check_ensemble_options(opts, 3, None)
+    raise SystemExit("three members on two devices passed")
+except ValueError as e:
+    assert "3 ensemble members do not split over 2 devices" in str(e), e
+print("ok")
+""")
