@@ -1,10 +1,11 @@
 """K members of one model stepped in lockstep: one jitted, ``vmap``ped program with no host
-round trip (issue #35, item 2).
+round trip inside it (issue #35, item 2).
 
 :func:`ensemble_step` advances K states of the same model by one step, each with its own
 parameters and controls (stacked along a leading member axis, :func:`stack`), through
-:func:`ipcjax.step.step` under ``jax.vmap``. :func:`ensemble_advance` does what the host
-driver :func:`ipcjax.step.advance` does for one member, for K at once:
+:func:`ipcjax.step.step` under ``jax.vmap``. :func:`ensemble_rollout` runs many steps in
+one program and does what the host driver :func:`ipcjax.step.advance` does for one member,
+for K at once (:func:`ensemble_advance` is its one-step form):
 
 * **Subdivision in the program.** :func:`subdivided_step` runs ``advance``'s recursion of
   half steps as one bounded ``while_loop`` over the nodes of the binary tree of substeps
@@ -12,12 +13,19 @@ driver :func:`ipcjax.step.advance` does for one member, for K at once:
   halves the substep, a success moves to the next node, a non-retryable failure or one at
   depth D fails the whole step, which then keeps its input state. Each member subdivides
   on its own; the vmapped loop runs until the last member is done.
+* **Controls in the program.** A schedule (:class:`Constant`, or the bag's choreography)
+  computes each step's controls from the step's start time and each member's own record
+  (``aux``: the captures a choreography takes when a track starts).
 * **Capacity overflow on the host, never silent.** The capacity is fixed for the
   ensemble. A member whose query overflows stops with ``StepCode.CAPACITY_OVERFLOW``;
   the host grows the capacity above the largest counts any member reported
-  (:func:`ipcjax.capacity.grow_capacity`) and reruns the whole ensemble step from its
-  input states, so every member's step ran at one capacity. That is one transfer of the
-  codes per step, not one per Newton iteration.
+  (:func:`ipcjax.capacity.grow_capacity`) and reruns the whole rollout from its inputs, so
+  every member's step ran at one capacity. That is one transfer of the codes per program
+  call, not one per Newton iteration.
+* **Devices and processes.** The members are split over the devices along their axis
+  (:func:`member_sharding`, :func:`place`), those of processes joined by
+  ``jax.distributed`` included, and every process gets every member's results
+  (:func:`gather`).
 
 The linear solve must run inside XLA (``Config.linear_solver`` ``"dense"`` or ``"cg"``):
 the host LDLᵀ (``"sparse"``) is a ``jax.pure_callback`` per Newton iteration, and is
@@ -119,7 +127,8 @@ def ensemble_step(model: Model, params, states, controls, dt, *, config: Config,
 
 class MemberReport(NamedTuple):
     """What :func:`subdivided_step` did for one member (arrays; stacked over the members by
-    :func:`ensemble_advance`), the in-program twin of :class:`ipcjax.step.StepReport`."""
+    :func:`ensemble_advance`, and over the steps too in a :class:`Rollout`), the in-program
+    twin of :class:`ipcjax.step.StepReport`."""
 
     code: jnp.ndarray                # int32 StepCode of the step; 0 = every substep succeeded
     substeps: jnp.ndarray            # int32 substeps that succeeded
@@ -161,7 +170,7 @@ MAX_DEPTH = 30
 
 def _check_depth(depth) -> None:
     """Refuse a concrete ``Config.max_subdivisions`` beyond :data:`MAX_DEPTH` (a traced one
-    is checked where the ensemble's program is called, :func:`ensemble_advance`)."""
+    is checked where the ensemble's program is called, :func:`ensemble_rollout`)."""
     if not isinstance(depth, jax.core.Tracer) and not 0 <= int(depth) <= MAX_DEPTH:
         raise ValueError(f"an in-program subdivision counts substeps in int32: Config.max_subdivisions must be "
                          f"in [0, {MAX_DEPTH}]; got {depth}")
@@ -178,13 +187,14 @@ def subdivided_step(model: Model, params, state: State, controls, dt, *, config:
     The step of length dt is the root of a binary tree of substeps, D = ``config.max_subdivisions``
     levels deep. The loop tries the next node, of length dt / 2^level: a success moves on
     to the node that starts where it ended, at the level of the deepest left child among
-    its ancestors (D minus the trailing zero bits of the progress counted in dt / 2^D); a
+    its ancestors (:data:`MAX_DEPTH` minus the trailing zero bits of the progress, counted
+    in dt / 2^MAX_DEPTH); a
     retryable failure (:data:`ipcjax.result.RETRYABLE`) above depth D tries the node's
     first half; any other failure ends the step. So the substeps, their lengths (exact
     powers of two of dt) and their order are ``advance``'s, and each node is tried at most
-    once: the loop is bounded by 2^(D+1) − 1 tries. D is traced; the progress is counted
-    in units of dt / 2^:data:`MAX_DEPTH`, so D ≤ 30. A capacity overflow ends the step like
-    any non-retryable failure; :func:`ensemble_advance` grows the capacity and reruns it.
+    once: the loop is bounded by 2^(D+1) − 1 tries. D is traced, and D ≤ :data:`MAX_DEPTH`
+    = 30. A capacity overflow ends the step like any non-retryable failure;
+    :func:`ensemble_rollout` grows the capacity and reruns it.
 
     ``active`` (a traced bool): False skips the step, returning the input state and an
     empty report with code 0; a vmapped loop then runs only as long as the active members.
@@ -437,6 +447,9 @@ class MemberFailed(RuntimeError):
 
 def check_members(infos) -> None:
     """Raise :class:`MemberFailed` for the first member whose step did not succeed.
+
+    ``infos``: anything with a per-member ``code``: :func:`ensemble_step`'s StepInfo,
+    :func:`ensemble_advance`'s :class:`MemberReport`, a :class:`Rollout`.
 
     Raises:
         MemberFailed: a member's code is not 0 (capacity overflow, iteration cap, …).
