@@ -11,10 +11,12 @@ naming the member.
 
 Members: member 0 starts from the run's start state (t = 0, or ``resume``); member j ≥ 1
 from the same state with the film's velocities kicked by :func:`scenes.perturb.film_kick`,
-rms ``perturb``, seed ``seed + j``, or, with ``params``, at its own film parameters. So
-member j is the single run ``ipcjax bag --perturb V --seed S+j`` (member 0: no kick) on
-the same linear solver, to round-off: the controls computed in XLA differ from the host's
-in the last bits (:mod:`scenes.choreography_jax`).
+rms ``perturb`` (none when 0), seed ``seed + j``; with ``params`` each member runs at its
+own film parameters. So member j is the single run ``ipcjax bag --perturb V --seed S+j``
+(member 0: no kick) on the same linear solver, to round-off: the controls computed in XLA
+differ from the host's in the last bits (:mod:`scenes.choreography_jax`), and batched code
+may round otherwise (docs/benchmarks.md, "Ensembles in lockstep"); over the whole coarse
+protocol member 0 measured bit for bit but near zero (docs/validation.md).
 
 The run folder holds ``summary.json`` (every member's measurements, audit and Newton
 figures, and their mean and sample standard deviation) and, per member,
