@@ -17,6 +17,10 @@
 # (.whl/ is ignored by git: `echo /.whl/ >> .git/info/exclude`). They are installed into
 # /tmp/site here when python3 lacks them; the project itself runs from this checkout
 # (PYTHONPATH).
+#
+# STAGES (default "device step bag") picks the stages: on this 2-core CPU the device stage
+# alone took about 5 minutes, most of it NumPy's all-pairs queries; a GPU call has 10, so
+# when time is short run `STAGES=device` and `STAGES="step bag"` as two calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -29,8 +33,14 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 { if command -v nvidia-smi > /dev/null; then nvidia-smi -L; else echo "nvidia-smi: not found"; fi; \
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"; } > "$OUT/device.txt"
 cat "$OUT/device.txt"
-python3 benchmarks/device_check.py --json "$OUT/device_check.json" 2>&1 | tee "$OUT/device_check.log"
-python3 benchmarks/ensemble_step.py --members 1,16,64 --steps 6 --rounds 2 --json "$OUT/ensemble_step.json" 2>&1 \
-  | tee "$OUT/ensemble_step.log"
-python3 benchmarks/ensemble_bag.py --resolution full --state scenes/data/bag_full_tie.npz --until 8.50 \
-  --members 1,16,64 --rounds 1 --json "$OUT/ensemble_bag.json" 2>&1 | tee "$OUT/ensemble_bag.log"
+STAGES=${STAGES:-device step bag}
+for stage in $STAGES; do
+  case $stage in
+    device) python3 benchmarks/device_check.py --json "$OUT/device_check.json" 2>&1 | tee "$OUT/device_check.log" ;;
+    step) python3 benchmarks/ensemble_step.py --members 1,16,64 --steps 6 --rounds 2 \
+            --json "$OUT/ensemble_step.json" 2>&1 | tee "$OUT/ensemble_step.log" ;;
+    bag) python3 benchmarks/ensemble_bag.py --resolution full --state scenes/data/bag_full_tie.npz --until 8.50 \
+           --members 1,16,64 --rounds 1 --json "$OUT/ensemble_bag.json" 2>&1 | tee "$OUT/ensemble_bag.log" ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (device, step, bag)" >&2; exit 2 ;;
+  esac
+done
