@@ -18,8 +18,9 @@ differ from the host's in the last bits (:mod:`scenes.choreography_jax`), and ba
 may round otherwise (docs/benchmarks.md, "Ensembles in lockstep"); over the whole coarse
 protocol member 0 measured bit for bit but near zero (docs/validation.md).
 
-The run folder holds ``summary.json`` (every member's measurements, audit and Newton
-figures, and their mean and sample standard deviation) and, per member,
+The members are split over the devices (``jax.sharding``; summary.json's ``devices``). The
+run folder holds ``summary.json`` (every member's measurements, audit and Newton figures,
+and their mean and sample standard deviation) and, per member,
 ``member<j>/trajectory.npz``, ``member<j>/state.npz`` (from which ``ipcjax bag --resume``
 continues that member alone) and ``member<j>/summary.json``. There are no meshes or
 pictures; ``ipcjax bag`` on one member's state gives them.
@@ -273,6 +274,8 @@ def _take_chunk(run, a: int, kept, figures, save_every: int, audit, sc) -> dict 
 
 def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
     """Every member's folder and the ensemble's summary.json."""
+    import jax
+
     from scenes.bag import measurements
     from scenes.perturb import describe
 
@@ -301,7 +304,8 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
         members.append(m)
     summary = dict(
         ensemble=len(members), resolution=options.resolution, protocol=options.protocol,
-        linear_solver=sc.config.linear_solver, step_index=r["step"], simulated_s=float(r["states"].t[0]),
+        linear_solver=sc.config.linear_solver, devices=jax.device_count(), step_index=r["step"],
+        simulated_s=float(r["states"].t[0]),
         wall_s=r["wall"], first_chunk_s=r["first_chunk_s"], chunk_steps=CHUNK, capacity=r["capacity"]._asdict(),
         unfold_checked=r["checked"], failure=r["failure"], members=members,
         measurements_mean_sd=mean_sd([m["measurements"] for m in members]))

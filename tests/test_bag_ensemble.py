@@ -90,13 +90,12 @@ def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_mem
     assert np.all(np.asarray(s["measurements_mean_sd"]["neck_width_mm"]["sd"]) > 0)
 
 
-@pytest.mark.slow  # the coarse bag's ensemble program and two single runs (≈ 2.5 min)
-def test_two_coarse_bag_members_equal_two_single_runs(tmp_path):
+def members_equal_single_runs(tmp_path) -> dict:
     """`ipcjax bag --ensemble 2 --perturb 1e-3` from the coarse bag at 8.50 s (tying) over
-    12 steps, against `ipcjax bag` without a kick and with --perturb 1e-3 --seed 1, all on
-    the dense solver: every kept frame of each member equals its single run's to four FP32
-    steps (measured: 0 m, bit for bit, on this CPU), with the same Newton iterations; the
-    members differ (the kick shows)."""
+    12 steps against `ipcjax bag` without a kick and with --perturb 1e-3 --seed 1, all on
+    the dense solver, in folders under ``tmp_path``: every kept frame of each member equals
+    its single run's to four FP32 steps, with the same Newton iterations, and the members
+    differ (the kick shows). Returns the ensemble's summary."""
     base = dict(BASE, until=8.55)
     res = BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "ens"), **base), 2)
     assert res.ok and res.summary["failure"] is None
@@ -112,6 +111,24 @@ def test_two_coarse_bag_members_equal_two_single_runs(tmp_path):
             films.append(a["film"][-1])
         assert res.summary["members"][j]["newton_iterations"] == single.summary["newton_iterations"]
     assert np.abs(films[1] - films[0]).max() > 1e-8
+    return res.summary
+
+
+@pytest.mark.slow  # the coarse bag's ensemble program and two single runs, in a process of its own (≈ 2.5 min)
+def test_two_coarse_bag_members_on_two_devices_equal_two_single_runs():
+    """members_equal_single_runs in a process with two forced CPU devices, one member on
+    each (summary.json's ``devices``): measured bit for bit against the single runs."""
+    from tests.test_sweep import _run_on_two_cpu_devices
+
+    _run_on_two_cpu_devices("""
+import pathlib, tempfile
+import jax
+from tests.test_bag_ensemble import members_equal_single_runs
+assert len(jax.devices()) == 2
+with tempfile.TemporaryDirectory() as d:
+    assert members_equal_single_runs(pathlib.Path(d))["devices"] == 2
+print("ok")
+""")
 
 
 def test_members_that_do_not_split_over_the_devices_are_refused_before_anything_runs():
