@@ -36,6 +36,15 @@ def last_json_line(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def report_json(out: dict, path=None) -> None:
+    """Write ``out`` to ``path`` (when given) and print it, less its ``runs``, as the last
+    line (what :func:`last_json_line` reads)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}))
+
+
 def alternate(old, rounds, argv_of, *, parse=last_json_line, report=None, env_of=None):
     """Runs ``python3 *argv_of(tree, root, k)`` from ROOT for k in range(rounds), the tree
     "before" (root ``old``) then "after" (root ROOT); a failed run stops with its stderr.

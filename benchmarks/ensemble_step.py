@@ -21,7 +21,6 @@ prints the after/before ratio of each K's median and of the single step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ import jax
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> int:
@@ -44,6 +44,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.before:
         return compare(args)
+    sys.path.insert(0, ROOT)
+    from benchmarks.alternate import report_json  # this tree's, before --tree's library goes first
+
     if args.tree:
         sys.path.insert(0, args.tree)
 
@@ -113,17 +116,14 @@ def main() -> int:
                first_run_s={str(k): v for k, v in compile_s.items()}, ratio_to_first={str(k): v for k, v in ratios.items()},
                median_s={str(k): v for k, v in med.items()}, capacity=str(cap), device=str(jax.devices()[0]),
                tree=args.tree or os.getcwd())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    print(json.dumps(out))
+    report_json(out, args.json)
     return 0
 
 
 def compare(args) -> int:
     """--before: this script per tree and round, alternated (benchmarks/alternate.py)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks.alternate import alternate, before_tree
+    sys.path.insert(0, ROOT)
+    from benchmarks.alternate import alternate, before_tree, report_json
 
     argv = lambda tree, root, k: [os.path.abspath(__file__), "--tree", root, "--members", args.members,  # noqa: E731
                                   "--steps", str(args.steps), "--rounds", "1"]
@@ -136,10 +136,7 @@ def compare(args) -> int:
     out = dict(before=args.before, rounds=args.rounds, steps=args.steps, median_s=med, after_over_before=ratios, runs=runs)
     for key in keys:
         print(f"{key}: after / before = {ratios[key]:.2f} ({med['before'][key]:.3f} → {med['after'][key]:.3f} s a step)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    print(json.dumps({k: v for k, v in out.items() if k != "runs"}))
+    report_json(out, args.json)
     return 0
 
 

@@ -267,10 +267,12 @@ class Rollout(NamedTuple):
 
 
 class _Member(NamedTuple):
-    state: State
-    aux: object
-    failed_at: jnp.ndarray
-    code: jnp.ndarray
+    """One member's carry through :func:`_rollout`'s steps."""
+
+    state: State            # at the next step's start (a failed member's: its failing step's)
+    aux: object             # the schedule's record (captures) at the same instant
+    failed_at: jnp.ndarray  # () int32 the step that failed, −1 while none has
+    code: jnp.ndarray       # () int32 its StepCode; ≠ 0 stops the member
 
 
 @partial(jax.jit, static_argnames=("capacity", "steps", "keep_every"))

@@ -68,7 +68,8 @@ def film_params(args: argparse.Namespace, check) -> Params | None:
 def run(argv, check, positive) -> int:
     """Parse, check (``check(ok, message)``, ``positive(flag, value)``: jobs.cli's refusals),
     run the bag and print its summary; status 1 when the run failed or a frame intersects."""
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     positive("--until", args.until)
     check(args.save_every >= 1, f"--save-every must be ≥ 1; got {args.save_every}")
     check(args.checkpoint_every >= 1, f"--checkpoint-every must be ≥ 1; got {args.checkpoint_every}")
@@ -87,9 +88,8 @@ def run(argv, check, positive) -> int:
     if args.ensemble is not None:
         from scenes.bag_ensemble import check_ensemble_options, run_bag_ensemble
 
-        unused = [f for f, given in (("--checkpoint-every", args.checkpoint_every != 120),
-                                     ("--mesh-every", args.mesh_every != 24), ("--no-pictures", args.no_pictures))
-                  if given]
+        unused = [f"--{name.replace('_', '-')}" for name in ("checkpoint_every", "mesh_every", "no_pictures")
+                  if getattr(args, name) != ap.get_default(name)]
         check(not unused, f"--ensemble writes no checkpoints, meshes or pictures; drop {', '.join(unused)}")
         check_ensemble_options(options, args.ensemble, None)  # a ValueError: jobs.cli exits 2 with its message
         result = run_bag_ensemble(options, args.ensemble)

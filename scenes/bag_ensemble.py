@@ -94,9 +94,10 @@ def check_ensemble_options(options: BagRunOptions, members: int, params) -> None
     member_sharding(members)  # the members must split over the devices (a ValueError names them)
 
 
-def _member_starts(sc, options: BagRunOptions, members: int):
+def _member_starts(sc, options: BagRunOptions, members: int, protocol):
     """(states, start step, unfold checked, captures) of the K members, stacked; the kick as
-    :func:`scenes.bag_run.run_bag` gives it to a single run."""
+    :func:`scenes.bag_run.run_bag` gives it to a single run; the captures of ``protocol``
+    (:func:`scenes.choreography_jax.protocol`) that a resumed state brings."""
     from ipcjax.ensemble import stack
     from ipcjax.step import make_state
     from scenes import choreography_jax as cj
@@ -112,7 +113,7 @@ def _member_starts(sc, options: BagRunOptions, members: int):
     x, v, film = np.asarray(base.x), np.asarray(base.v), np.arange(len(sc.film))
     kick = lambda j: film_kick(x, film, options.perturb, options.seed + j) if options.perturb else 0.0  # noqa: E731
     states = [base] + [make_state(x, v + kick(j), float(base.t)) for j in range(1, members)]
-    caps = cj.captures_from_choreography(cj.protocol(sc.choreography), sc.choreography)
+    caps = cj.captures_from_choreography(protocol, sc.choreography)
     return stack(states), step, checked, stack([caps] * members)
 
 
@@ -152,7 +153,8 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     check_ensemble_options(options, members, params)
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
                    params=options.params)
-    states, step, checked, caps = _member_starts(sc, options, members)
+    schedule = BagSchedule(cj.protocol(sc.choreography))
+    states, step, checked, caps = _member_starts(sc, options, members, schedule.protocol)
     step0 = step
     until = sc.t_end if options.until is None else options.until
     n_total = int(round(until / sc.dt))
@@ -160,7 +162,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
         raise ValueError(f"--until {until:g} s leaves no step to run after t = {step * sc.dt:.4f} s")
     runfolder.prepare(options.out)
     plist = [sc.params] * members if params is None else [check_params(p) for p in params]
-    schedule = BagSchedule(cj.protocol(sc.choreography))
+    stacked = stack(plist)
     t_unfold = sc.choreography.track("unfold").t_off
     # the unfold check runs at the first step start at or after the unfold's end, as in run_bag
     unfold_step = None if checked else max(step, int(np.ceil((t_unfold - EPS_T) / sc.dt)))
@@ -179,7 +181,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
                 if failure:
                     break
                 checked = True
-            run, capacity = ensemble_rollout(sc.model, stack(plist), states, caps, schedule, dt=sc.dt, steps=b - a,
+            run, capacity = ensemble_rollout(sc.model, stacked, states, caps, schedule, dt=sc.dt, steps=b - a,
                                              config=sc.config, capacity=capacity)
             if first_chunk_s is None:
                 first_chunk_s, first_steps = time.perf_counter() - wall0, b - step0
