@@ -94,32 +94,62 @@ def _lattice(folder, param, width: int):
     return Y, bad, smoothed
 
 
-def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100) -> dict:
-    """Each single run of the sweep taken as the targets of a fit: where the fit's smoothed
-    loss Σ((ȳ(z) − y_run)/1 mm)² has its smallest value, on a scan of ``per_step`` points
-    per grid step over the span where the lattice nodes have run. The gap between that
-    value and the run's own parameter is what one run's scatter does to a fit whose targets
-    are one bag (a measured bag is one), as against synthetic targets made by the smoothed
-    model itself. Runs at the span's ends (no scan point past them) are left out."""
+def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100, targets=None, *,
+            scatter_mm=None, runs_per_node: int = 1, within_mm=None) -> dict:
+    """Runs taken as the targets of a fit: where the fit's smoothed loss Σ((ȳ(z) − y)/1 mm)²
+    has its smallest value, on a scan of ``per_step`` points per grid step over the span
+    where the lattice nodes have run, and the interval the model's scatter leaves there.
+
+    ``targets`` None takes each single run of the sweep (runs at the span's ends, with no
+    scan point past them, are left out): what one run's scatter does to a fit whose targets
+    are one bag, as against synthetic targets made by the smoothed model itself. Otherwise
+    a list of dicts with ``factor`` (the truth, × the film default) and ``y_mm``, e.g. runs
+    whose whole history is at that parameter (``--targets``); those the scan does not cover
+    are left out. Each row's interval is the fit's ``model_scatter`` at the answer
+    (:func:`fitting.uncertainty.scatter_budget` with the spline's Jacobian and effective
+    runs there, one run's scatter ``scatter_mm`` (default MODEL_SCATTER_MM), K =
+    ``runs_per_node`` runs per node with measured spread ``within_mm``): ``sigma_log``,
+    ``low`` and ``high`` (× the film default), ``sigmas`` = log(truth / answer) / σ, and
+    ``inside``, the truth within 1σ."""
+    from fitting.smoothing import effective_runs, lattice_support
+    from fitting.uncertainty import MODEL_SCATTER_MM, scatter_budget
+
     Y, _, smoothed = _lattice(folder, param, int(width))
     us = np.arange(min(Y) * per_step, max(Y) * per_step + 1) / per_step
-    curve = [(u, v[0]) for u in us if (v := smoothed(u)) is not None]
+    curve = [(u, v[0], v[1]) for u in us if (v := smoothed(u)) is not None]
     if not curve:
         raise ValueError(f"{folder}: no point where all four lattice nodes of {param} have run")
-    U = np.array([u for u, _ in curve])
-    Ys = np.stack([y for _, y in curve])
+    U = np.array([u for u, *_ in curve])
+    Ys = np.stack([y for _, y, _ in curve])
+    if targets is None:
+        cases = [dict(factor=math.exp(k * STEP), y_mm=Y[k]) for k in sorted(Y)]
+    else:
+        cases = [dict(t, factor=float(t["factor"]), y_mm=np.asarray(t["y_mm"], np.float64)) for t in targets]
+    scatter = MODEL_SCATTER_MM if scatter_mm is None else scatter_mm
     rows = []
-    for k in sorted(Y):
+    for c in cases:
+        k = math.log(c["factor"]) / STEP
         if not (U[0] < k < U[-1]):
             continue
-        L = np.sum((Ys - Y[k]) ** 2, axis=1)
+        L = np.sum((Ys - c["y_mm"]) ** 2, axis=1)
         i = int(np.argmin(L))
-        rows.append(dict(factor=math.exp(k * STEP), found=math.exp(U[i] * STEP),
-                         error=math.exp((U[i] - k) * STEP) - 1.0, loss_mm2=float(L[i]),
-                         at_scan_end=bool(i in (0, len(U) - 1))))
+        found = math.exp(U[i] * STEP)
+        eff = effective_runs(lattice_support([U[i] / int(width)])[1])
+        budget = scatter_budget(curve[i][2][:, None], (param,), {param: found}, scatter, effective_runs=eff,
+                                runs_per_node=runs_per_node, within_mm=within_mm)
+        iv = budget["interval_1sigma"][param]
+        miss = math.log(c["factor"] / found)
+        extra = {key: v for key, v in c.items() if key not in ("factor", "y_mm")}
+        rows.append(dict(extra, factor=c["factor"], y_mm=np.asarray(c["y_mm"]).tolist(), found=found,
+                         error=math.exp(-miss) - 1.0, loss_mm2=float(L[i]), at_scan_end=bool(i in (0, len(U) - 1)),
+                         sigma_log=iv["sigma_log"], low=iv["low"], high=iv["high"],
+                         sigmas=miss / iv["sigma_log"] if iv["sigma_log"] > 0 else math.inf,
+                         inside=bool(abs(miss) <= iv["sigma_log"])))
     err = np.array([r["error"] for r in rows])
     return dict(param=param, runs=rows, rms_error=float(np.sqrt(np.mean(err**2))) if rows else None,
-                within_2pct=int(np.sum(np.abs(err) <= 0.02)), within_5pct=int(np.sum(np.abs(err) <= 0.05)))
+                within_2pct=int(np.sum(np.abs(err) <= 0.02)), within_5pct=int(np.sum(np.abs(err) <= 0.05)),
+                inside_1sigma=sum(r["inside"] for r in rows), runs_per_node=int(runs_per_node),
+                within_mm=None if within_mm is None else list(within_mm), scatter_mm=list(scatter))
 
 
 def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2, span: int = 7) -> dict:
@@ -217,6 +247,12 @@ def main(argv=None):
                     "grid, in ascending order")
     ap.add_argument("--recover", action="store_true", help="take each run of OUT/sweep.jsonl as a fit's targets "
                     "and print where the smoothed loss is smallest (one run's scatter in a fit to one bag)")
+    ap.add_argument("--targets", metavar="FILE", help="recover: JSON lines with the truth's factor and y_mm "
+                    "(e.g. docs/figures/whole_history_E_35.jsonl) as the targets, in place of the sweep's own runs")
+    ap.add_argument("--runs-per-node", type=int, default=1, help="recover: the interval of K runs per node")
+    ap.add_argument("--within", help="recover: the K runs' measured spread, mm (neck x, neck y, flap); default "
+                    "none measured, the runs assumed independent")
+    ap.add_argument("--json", help="recover: write the table here")
     ap.add_argument("--compare", metavar="FILE", help="print how far the runs of the sweep file FILE lie from "
                     "their twins in OUT/sweep.jsonl (same parameter and factor)")
     a = ap.parse_args(argv)
@@ -227,14 +263,31 @@ def main(argv=None):
         print(f"{len(rows)} runs with a twin; the largest difference {max((d for *_, d in rows), default=0.0):.3g} mm")
         return
     if a.recover:
-        r = recover(a.out, a.param, a.width)
+        targets = None if a.targets is None else [json.loads(line) for line in open(a.targets) if line.strip()]
+        within = None if a.within is None else [float(v) for v in a.within.split(",")]
+        if within is not None and len(within) != 3:
+            ap.error(f"--within takes three spreads in mm (neck x, neck y, flap); got {a.within!r}")
+        if a.runs_per_node < 1:
+            ap.error(f"--runs-per-node must be ≥ 1; got {a.runs_per_node}")
+        r = recover(a.out, a.param, a.width, targets=targets, runs_per_node=a.runs_per_node, within_mm=within)
+        if not r["runs"]:
+            print(f"no target lies inside the span the lattice nodes of {a.out} cover", file=sys.stderr)
+            return 1
         for row in r["runs"]:
-            print(f"targets: the run at {a.param} × {row['factor']:.3f}: the smoothed loss is smallest at × "
-                  f"{row['found']:.3f} ({row['error']:+.1%}), {row['loss_mm2']:.2f} mm²"
-                  + (" (the scan's end)" if row["at_scan_end"] else ""))
-        print(f"{len(r['runs'])} runs: rms error {r['rms_error']:.1%}; within 2 %: {r['within_2pct']}, "
-              f"within 5 %: {r['within_5pct']}")
-        return
+            print(f"targets: {row.get('label', 'the run')} at {a.param} × {row['factor']:.3f}: the smoothed loss "
+                  f"is smallest at × {row['found']:.3f} ({row['error']:+.1%}), {row['loss_mm2']:.2f} mm²"
+                  + (" (the scan's end)" if row["at_scan_end"] else "")
+                  + f"; 1σ [{row['low']:.3f}, {row['high']:.3f}] (±{math.expm1(row['sigma_log']):.1%}), the truth "
+                  + f"{row['sigmas']:+.1f} σ away")
+        print(f"{len(r['runs'])} targets: rms error {r['rms_error']:.1%}; within 2 %: {r['within_2pct']}, "
+              f"within 5 %: {r['within_5pct']}; the truth inside the 1σ interval: {r['inside_1sigma']} "
+              f"(K = {r['runs_per_node']} runs per node"
+              + (", their spread assumed independent)" if within is None else f", their spread {a.within} mm)"))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(r, command="python3 benchmarks/bag_sweep.py " + " ".join(
+                    argv if argv is not None else sys.argv[1:])), f, indent=1)
+        return 0
     if a.report:
         from fitting.bag_rest import SPEC_TARGETS
 
@@ -284,4 +337,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

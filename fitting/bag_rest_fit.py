@@ -71,8 +71,9 @@ class BagFitOptions(NamedTuple):
 def node_spread(record) -> dict | None:
     """The runs' own scatter at an evaluation's nodes (an ensemble of K ≥ 2 runs per node):
     per measurement the root mean square, over the nodes, of their runs' sample standard
-    deviations, in mm, and the runs it rests on; None for one run per node. It is the
-    measured counterpart of the assumed ``model_scatter_mm``, from few runs."""
+    deviations, in mm, and the runs it rests on; None for one run per node. It is the part
+    of one run's scatter (``model_scatter_mm``) that K runs per node average away
+    (:func:`fitting.uncertainty.node_scatter`), measured from few runs."""
     spreads = [nd.spread_m for nd in record.nodes if nd.spread_m is not None]
     if not spreads:
         return None
@@ -93,7 +94,8 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     Args:
         out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
             the measurement noise, identifiability, what the model's own scatter allows
-            (:func:`fitting.uncertainty.scatter_budget`), the goodness of fit against the
+            (:func:`fitting.uncertainty.scatter_budget`; with K ≥ 2 runs per node only their
+            measured spread, ``node_spread``, averages away), the goodness of fit against the
             tape noise and that scatter (:func:`fitting.uncertainty.goodness_of_fit`), the
             fitted run, the reach message if any and ``misfit``, the measurements the model
             does not reach, if any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
@@ -111,7 +113,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
     from fitting.fit import FitIterate, FitResult
     from fitting.rest_derivative import BAG_NAMES
     from fitting.uncertainty import (MODEL_SCATTER_MM, goodness_of_fit, identifiability, interval, misfit_message,
-                                     reach_message, scatter_budget)
+                                     node_scatter, reach_message, scatter_budget)
     from ipcjax.model import Params
     from ipcjax.runfolder import Trajectory, read_npz
     from scenes.bag import SPHERE_RADII
@@ -176,6 +178,9 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         w = np.asarray([nd.weight for nd in best.nodes])
         J_rest = np.tensordot(w, np.asarray([nd.J_rest for nd in best.nodes]), axes=1) * 1e3
         outside = reach_message(names, problem.bounds, recs, targets)
+        # K ≥ 2 runs per node: only the part of the scatter in which they differ averages away
+        scatter, spread = options.model_scatter_mm or MODEL_SCATTER_MM, node_spread(best)
+        within = None if spread is None else spread["rms_sd_mm"]
         record.update(
             best=dict(params=best.params, y_mm=(np.asarray(best.y) * 1e3).tolist(), loss_mm2=loss(best)),
             fitted_run=fitted_run,
@@ -183,12 +188,12 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             interval_1sigma=interval(J, names, best.params, options.noise_mm),
             identifiability=dict(smoothed=identifiability(J, names, options.noise_mm),
                                  rest_state=identifiability(J_rest, list(BAG_NAMES), options.noise_mm)),
-            model_scatter=scatter_budget(J, names, best.params, options.model_scatter_mm or MODEL_SCATTER_MM,
-                                         effective_runs=best.effective_runs, runs_per_node=best.runs_per_node),
-            node_spread=node_spread(best),
+            model_scatter=scatter_budget(J, names, best.params, scatter, effective_runs=best.effective_runs,
+                                         runs_per_node=best.runs_per_node, within_mm=within),
+            node_spread=spread,
             goodness_of_fit=goodness_of_fit(np.asarray(best.y) * 1e3, t_mm, len(names), options.noise_mm,
-                                            options.model_scatter_mm or MODEL_SCATTER_MM,
-                                            effective_runs=best.effective_runs * best.runs_per_node))
+                                            node_scatter(scatter, within, best.runs_per_node),
+                                            effective_runs=best.effective_runs))
         misfit = misfit_message(record["goodness_of_fit"])
         history = [FitIterate(iteration=i, loss=loss(r), params=r.params, wall_s=r.wall_s)
                    for i, r in enumerate(recs)]

@@ -52,29 +52,88 @@ MODEL_SCATTER_MM = (1.62, 3.56, 1.10)
 ACCURACY_GOALS = (0.02, 0.05)
 
 
+#: The most runs per node :func:`scatter_budget` looks for before it says no K reaches a goal.
+MAX_RUNS_PER_NODE = 4096
+
+
+def node_scatter(scatter_mm, within_mm, runs_per_node: int) -> np.ndarray:
+    """The scatter of one lattice node that is the mean of K = ``runs_per_node`` runs.
+
+    One run's scatter s (``scatter_mm``, per measurement) splits into the part its K runs
+    share, b = √max(s² − w², 0), and the part in which they differ, their spread w
+    (``within_mm``, measured at the nodes): the mean keeps b and divides w by √K, so the
+    node scatters by √(b² + w²/K). A spread larger than s says s was too small: the node
+    scatters by w/√K. ``within_mm`` None (no spread measured) assumes the K runs are
+    independent (w = s): s/√K. From the tie checkpoint, kicked runs end within 0.02 mm of
+    one another (docs/differentiation.md, "Ensembles"): there w ≪ s and K runs per node
+    leave nearly all of s.
+    """
+    s = np.asarray(scatter_mm, np.float64)
+    if int(runs_per_node) != runs_per_node or runs_per_node < 1:
+        raise ValueError(f"runs_per_node must be an integer ≥ 1; got {runs_per_node}")
+    if within_mm is None:
+        return s / math.sqrt(runs_per_node)
+    w = np.broadcast_to(np.asarray(within_mm, np.float64), s.shape)
+    if not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError(f"within_mm must be finite spreads ≥ 0 mm; got {w.tolist()}")
+    return np.sqrt(np.maximum(s * s - w * w, 0.0) + w * w / runs_per_node)
+
+
 def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, runs_per_node: int = 1,
-                   goals=ACCURACY_GOALS) -> dict:
+                   within_mm=None, goals=ACCURACY_GOALS) -> dict:
     """What the model's own scatter allows: the 1σ interval when each smoothed measurement
-    has the variance of a mean of ``effective_runs`` × ``runs_per_node`` independent single
-    runs whose scatter is ``scatter_mm`` (``effective_runs`` nodes,
-    :func:`fitting.smoothing.effective_runs`, each the mean of K = ``runs_per_node`` runs
-    from perturbed starts; its noise is scatter/√(effective_runs·K)), and, per parameter
-    and goal g, the runs each lattice node would need for a relative 1σ of g: the noise
-    falls as 1/√K, so K = ⌈(σ_z,1 / log(1 + g))²⌉ with σ_z,1 the interval of one run per
-    node, 1 where one run per node already reaches g. It treats the runs' scatter as
-    independent noise; neighbouring runs that share a pleat pattern are not, so it is an
-    estimate of the order, not a bound."""
+    is a mean over ``effective_runs`` nodes (:func:`fitting.smoothing.effective_runs`) whose
+    scatter is :func:`node_scatter` of one run's ``scatter_mm`` with K = ``runs_per_node``
+    runs per node and their measured spread ``within_mm`` (None: not measured, the K runs
+    assumed independent); its noise is that node scatter / √effective_runs.
+
+    Per parameter and relative 1σ goal g, ``runs_per_node_for`` gives the fewest runs per
+    node whose interval reaches g (1 where one run already does). It is None where no
+    number of runs does: a parameter the measurements cannot see, or a shared part of the
+    scatter (√(s² − w²)) whose interval alone, ``floor_sigma_log``, is wider than g. Without
+    a measured spread, K = ⌈(σ_z,1 / log(1 + g))²⌉ with σ_z,1 the interval of one run per
+    node. It treats the runs' scatter as independent between nodes, which neighbouring
+    runs that share a pleat pattern are not, so it gives the order, not a bound.
+    """
     s = np.broadcast_to(np.asarray(scatter_mm, np.float64), (np.asarray(J_mm).shape[0],))
     if not (np.isfinite(effective_runs) and effective_runs > 0):
         raise ValueError(f"effective_runs must be > 0; got {effective_runs}")
-    if int(runs_per_node) != runs_per_node or runs_per_node < 1:
-        raise ValueError(f"runs_per_node must be an integer ≥ 1; got {runs_per_node}")
-    iv = interval(J_mm, names, values, s / math.sqrt(effective_runs * runs_per_node))
-    one = {n: iv[n]["sigma_log"] * math.sqrt(runs_per_node) for n in names}   # σ_z of one run per node
-    need = {n: {f"{g:.0%}": (max(1, math.ceil((one[n] / math.log1p(g)) ** 2))
-                             if math.isfinite(one[n]) else None) for g in goals} for n in names}
+    root = math.sqrt(effective_runs)
+
+    def sigma(k):
+        return interval(J_mm, names, values, node_scatter(s, within_mm, k) / root)
+
+    iv = sigma(runs_per_node)
+    if within_mm is None:
+        floor = {n: 0.0 for n in names}
+    else:
+        b = np.sqrt(np.maximum(s * s - np.broadcast_to(np.asarray(within_mm, np.float64), s.shape) ** 2, 0.0))
+        floor = ({n: v["sigma_log"] for n, v in interval(J_mm, names, values, b / root).items()}
+                 if np.all(b > 0) else {n: 0.0 for n in names})
+    one = {n: v["sigma_log"] for n, v in sigma(1).items()}
+
+    def fewest(n, g):
+        goal = math.log1p(g)
+        if not math.isfinite(one[n]) or floor[n] > goal:
+            return None
+        if one[n] <= goal:
+            return 1
+        if within_mm is None:                       # σ_z falls as 1/√K exactly
+            return math.ceil((one[n] / goal) ** 2)
+        lo, hi = 1, MAX_RUNS_PER_NODE               # σ_z(lo) > goal; find the first K with σ_z(K) ≤ goal
+        if sigma(hi)[n]["sigma_log"] > goal:
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if sigma(mid)[n]["sigma_log"] <= goal else (mid, hi)
+        return hi
+
+    need = {n: {f"{g:.0%}": fewest(n, g) for g in goals} for n in names}
     return dict(scatter_mm=s.tolist(), effective_runs=float(effective_runs), runs_per_node=int(runs_per_node),
-                interval_1sigma=iv, runs_per_node_for=need)
+                within_mm=None if within_mm is None else np.broadcast_to(
+                    np.asarray(within_mm, np.float64), s.shape).tolist(),
+                node_scatter_mm=node_scatter(s, within_mm, runs_per_node).tolist(),
+                interval_1sigma=iv, floor_sigma_log=floor, runs_per_node_for=need)
 
 
 def identifiability(J_mm, names, noise_mm: float) -> dict:

@@ -283,6 +283,43 @@ def test_scatter_budget_says_how_many_runs_a_node_needs_for_a_goal():
         unc.scatter_budget(J, ("youngs_modulus",), {"youngs_modulus": 1.0}, s, effective_runs=2.0, runs_per_node=0)
 
 
+def test_runs_per_node_average_only_the_spread_they_show():
+    """K runs per node that end within w of one another keep the rest of one run's scatter
+    s: a node scatters by √(s² − w² + w²/K), so the interval K runs leave stops at the
+    shared part's, and a goal below that floor is reached by no K (None), never by a
+    finite count that would not deliver it."""
+    J = np.array([[15.0], [12.0], [-2.0]])
+    s, values = np.array([1.7, 3.3, 1.1]), {"youngs_modulus": 1.0}
+    np.testing.assert_allclose(unc.node_scatter(s, [0.0, 0.0, 0.0], 9), s, rtol=1e-15)       # copies: no gain
+    np.testing.assert_allclose(unc.node_scatter(s, s, 4), s / 2, rtol=1e-15)                # independent: 1/√K
+    np.testing.assert_allclose(unc.node_scatter(s, None, 4), s / 2, rtol=1e-15)
+    np.testing.assert_allclose(unc.node_scatter(s, [1.0, 3.0, 2.0], 4),
+                               np.sqrt([1.7**2 - 1 + 0.25, 3.3**2 - 9 + 2.25, 4.0 / 4]), rtol=1e-14)
+    copies = unc.scatter_budget(J, ("youngs_modulus",), values, s, effective_runs=2.0, runs_per_node=4,
+                                within_mm=[0.02, 0.02, 0.0005])
+    once = unc.scatter_budget(J, ("youngs_modulus",), values, s, effective_runs=2.0)
+    sz1 = once["interval_1sigma"]["youngs_modulus"]["sigma_log"]
+    sz4 = copies["interval_1sigma"]["youngs_modulus"]["sigma_log"]
+    assert sz1 * 0.999 < sz4 < sz1 and math.log(1.02) < sz4   # four kicked copies: 2 % not reached
+    assert copies["runs_per_node_for"]["youngs_modulus"] == {"2%": None, "5%": None}
+    assert copies["floor_sigma_log"]["youngs_modulus"] == pytest.approx(sz1, rel=1e-3)
+    assert copies["node_scatter_mm"] == pytest.approx(unc.node_scatter(s, [0.02, 0.02, 0.0005], 4).tolist())
+    # three quarters of its variance in the starts: a goal above the floor needs the fewest K
+    # whose interval reaches it
+    w = s * math.sqrt(0.75)
+    half = unc.scatter_budget(J, ("youngs_modulus",), values, s, effective_runs=2.0, within_mm=w)
+    floor = half["floor_sigma_log"]["youngs_modulus"]
+    assert floor == pytest.approx(sz1 / 2, rel=1e-12)
+    goal = 0.05
+    k = half["runs_per_node_for"]["youngs_modulus"]["5%"]
+    at = lambda kk: unc.scatter_budget(J, ("youngs_modulus",), values, s, effective_runs=2.0, runs_per_node=kk,
+                                       within_mm=w)["interval_1sigma"]["youngs_modulus"]["sigma_log"]
+    assert floor < math.log1p(goal) < sz1 and at(k) <= math.log1p(goal) < at(k - 1)
+    assert half["runs_per_node_for"]["youngs_modulus"]["2%"] is None and floor > math.log(1.02)
+    with pytest.raises(ValueError, match="within_mm must be finite spreads ≥ 0 mm"):
+        unc.node_scatter(s, [0.1, -0.1, 0.1], 2)
+
+
 def _record(value, y, J):
     return br.EvaluationRecord(z=[math.log(value)], params={"youngs_modulus": value}, clipped=False, y=list(y),
                                J=[[j] for j in J], new_runs=0, effective_runs=2.0, wall_s=0.0, nodes=[], runs_per_node=1)
@@ -601,10 +638,19 @@ def test_ensemble_nodes_are_the_mean_of_k_runs_from_kicked_starts(tmp_path, monk
     np.testing.assert_allclose(np.asarray(it["y"]) - np.asarray(one["iterates"][0]["y"]), [0, 0, -1e-3 / 3],
                                atol=1e-12)
     assert it["effective_runs"] == one["iterates"][0]["effective_runs"] and it["runs_per_node"] == 3
-    s1, s3 = (r["model_scatter"]["interval_1sigma"]["youngs_modulus"]["sigma_log"] for r in (one, rec))
-    assert s3 == pytest.approx(s1 / math.sqrt(3), rel=1e-9)
-    assert rec["model_scatter"]["runs_per_node_for"] == one["model_scatter"]["runs_per_node_for"]
-    assert rec["node_spread"]["rms_sd_mm"][2] == pytest.approx(np.std([0.0, 1.0, -2.0], ddof=1), rel=1e-9)
+    # only what the runs' spread shows averages away: the necks (no spread) keep one run's
+    # scatter, the flap (spread 1.53 mm, above the assumed 1.10 mm) scatters by 1.53/√3
+    w = np.std([0.0, 1.0, -2.0], ddof=1)
+    assert rec["node_spread"]["rms_sd_mm"] == pytest.approx([0.0, 0.0, w], rel=1e-9)
+    ms, s = rec["model_scatter"], np.asarray(unc.MODEL_SCATTER_MM)
+    assert ms["within_mm"] == pytest.approx([0.0, 0.0, w]) and one["model_scatter"]["within_mm"] is None
+    assert ms["node_scatter_mm"] == pytest.approx([s[0], s[1], w / math.sqrt(3)], rel=1e-12)
+    Jfit, eff = np.asarray(rec["jacobian_mm_per_log"]["J"]), ms["effective_runs"]
+    s3 = ms["interval_1sigma"]["youngs_modulus"]["sigma_log"]
+    assert s3 == pytest.approx(unc.interval(Jfit, ("youngs_modulus",), rec["best"]["params"],
+                                            np.asarray(ms["node_scatter_mm"]) / math.sqrt(eff))
+                               ["youngs_modulus"]["sigma_log"], rel=1e-12)
+    assert rec["goodness_of_fit"]["scatter_mm"] == pytest.approx(ms["node_scatter_mm"], rel=1e-12)
     assert one["node_spread"] is None and one["perturbation"] is None
     with pytest.raises(ValueError, match="runs_per_node must be a positive integer"):
         bag_rest_fit.BagFitOptions(runs_per_node=0).check()

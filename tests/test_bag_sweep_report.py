@@ -92,3 +92,60 @@ def test_recover_finds_each_runs_parameter_on_a_line_and_misses_it_by_the_scatte
         k = round(math.log(p["factor"]) / bag_sweep.STEP)
         assert abs(math.log1p(p["error"])) == pytest.approx(expected if k % 2 else 0.0, abs=2.5e-3)
     assert r["within_2pct"] == 5                        # the even runs; the odd ones are 10–12 % off
+
+
+def test_recover_takes_outside_targets_and_says_whether_the_interval_holds_the_truth(tmp_path):
+    """--targets: runs the sweep never made (e.g. a whole history at E) as the targets. On
+    a straight line of runs a target on the line is found at its own factor, inside its
+    interval (the fit's model_scatter there: fitting.uncertainty.scatter_budget with the
+    spline's Jacobian and effective runs); the same target 2 mm wider in neck x is found
+    elsewhere, and the interval says by how many σ the truth lies away. Targets past the
+    span are left out; K = 4 runs per node whose spread is measured as nothing leave the
+    interval of one."""
+    from fitting.smoothing import effective_runs, lattice_support
+    from fitting.uncertainty import scatter_budget
+
+    slope = _write(tmp_path, range(-9, 10), scatter=0.0)
+    line = lambda k: (np.array([45.0, 43.0, 15.0]) + slope * k * bag_sweep.STEP).tolist()
+    k_true = 2.5
+    targets = [dict(factor=math.exp(k_true * bag_sweep.STEP), y_mm=line(k_true), label="whole history"),
+               dict(factor=math.exp(k_true * bag_sweep.STEP), y_mm=(np.add(line(k_true), [2.0, 0, 0])).tolist()),
+               dict(factor=math.exp(9 * bag_sweep.STEP), y_mm=line(9))]                   # past the span
+    r = bag_sweep.recover(str(tmp_path), "friction", targets=targets, scatter_mm=(0.1, 0.1, 0.1))
+    on, off = r["runs"]
+    assert on["label"] == "whole history" and abs(on["error"]) < 1e-3 and on["inside"] and abs(on["sigmas"]) < 0.1
+    u = math.log(on["found"]) / bag_sweep.STEP
+    eff = effective_runs(lattice_support([u / 2])[1])
+    want = scatter_budget(np.array([slope]).T, ("friction",), {"friction": on["found"]}, (0.1, 0.1, 0.1),
+                          effective_runs=eff)["interval_1sigma"]["friction"]
+    assert on["sigma_log"] == pytest.approx(want["sigma_log"], rel=1e-9) and on["sigma_log"] > 0
+    assert on["low"] < targets[0]["factor"] < on["high"]
+    miss = math.log(off["factor"] / off["found"])
+    assert off["found"] > off["factor"] and not off["inside"] and off["sigmas"] == pytest.approx(
+        miss / off["sigma_log"], rel=1e-12) and off["sigmas"] < -1
+    assert r["inside_1sigma"] == 1 and r["within_2pct"] == 1
+    copies = bag_sweep.recover(str(tmp_path), "friction", targets=targets[:1], scatter_mm=(0.1, 0.1, 0.1),
+                               runs_per_node=4, within_mm=(0.0, 0.0, 0.0))
+    assert copies["runs"][0]["sigma_log"] == pytest.approx(on["sigma_log"], rel=1e-12)
+
+
+def test_whole_history_targets_refuse_what_is_no_whole_history(tmp_path):
+    """benchmarks/whole_history.py: a line from a finished whole run, and a clear refusal
+    for a failed, kicked, resumed or self-intersecting one."""
+    import whole_history
+
+    from scenes.bag import DT, PROTOCOLS
+
+    s = dict(resolution="full", protocol="full", steps_this_run=round(PROTOCOLS["full"].t_end / DT),
+             simulated_s=PROTOCOLS["full"].t_end, failure=None, perturbation=None, unfold_checked=True,
+             newton_iterations=10, wall_s=1.0, params=dict(youngs_modulus=630e6, friction=0.35, bending_scale=1.0),
+             audit=dict(frames_with_self_intersection=0),
+             measurements=dict(neck_width_mm=[40.0, 41.0], flap_height_mm=14.0))
+    line = whole_history.target_line(s, "x/summary.json")
+    assert line["factor"] == pytest.approx(2.0, rel=1e-12) and line["y_mm"] == [40.0, 41.0, 14.0]
+    for bad, why in ((dict(failure="step 3"), "failed or self-intersects"),
+                     (dict(audit=dict(frames_with_self_intersection=2)), "failed or self-intersects"),
+                     (dict(steps_this_run=504), "not a whole full-protocol run"),
+                     (dict(perturbation=dict(rms_m_s=0.1, seed=1)), "a kicked run")):
+        with pytest.raises(ValueError, match=why):
+            whole_history.target_line(dict(s, **bad), "x/summary.json")
