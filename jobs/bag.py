@@ -4,7 +4,8 @@ Whatever :func:`scenes.bag_run.run_bag` can do from Python the command can do: t
 E, μf and kθ (``--youngs-modulus``, ``--friction``, ``--bending-scale``) give
 ``BagRunOptions.params``, ``--perturb`` and ``--seed`` its start's velocity kick, and
 summary.json records them as it does for a Python caller. ``--ensemble K`` runs K of
-them in lockstep instead (:func:`scenes.bag_ensemble.run_bag_ensemble`).
+them in lockstep instead (:func:`scenes.bag_ensemble.run_bag_ensemble`), over several
+processes with ``--coordinator HOST:PORT --processes N --process-id I``.
 """
 from __future__ import annotations
 
@@ -48,7 +49,27 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ensemble", type=int, metavar="K", help="run K bags in lockstep as one batched program "
                     "(scenes/bag_ensemble.py): member 0 unkicked, member j kicked with --perturb V and seed S+j; "
                     "needs --linear-solver dense or cg; writes member<j>/ folders, no meshes, pictures or checkpoints")
+    ap.add_argument("--coordinator", metavar="HOST:PORT", help="with --ensemble: join the processes of one "
+                    "ensemble with jax.distributed; process 0 listens at HOST:PORT, writes --out and audits")
+    ap.add_argument("--processes", type=int, metavar="N", help="with --coordinator: how many processes")
+    ap.add_argument("--process-id", type=int, metavar="I", help="with --coordinator: this process's index, 0 … N − 1")
     return ap
+
+
+def join_processes(args: argparse.Namespace, check) -> None:
+    """``--coordinator``, ``--processes`` and ``--process-id``: all three or none, only with
+    ``--ensemble``; then ``jax.distributed.initialize`` before any device is touched."""
+    flags = (args.coordinator, args.processes, args.process_id)
+    if all(f is None for f in flags):
+        return
+    check(all(f is not None for f in flags), "--coordinator, --processes and --process-id go together; give all three")
+    check(args.ensemble is not None, "--coordinator joins the processes of one --ensemble K run; give --ensemble")
+    check(args.processes >= 2, f"--processes must be ≥ 2; got {args.processes}")
+    check(0 <= args.process_id < args.processes,
+          f"--process-id must be in 0 … {args.processes - 1}; got {args.process_id}")
+    import jax
+
+    jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id)
 
 
 def film_params(args: argparse.Namespace, check) -> Params | None:
@@ -79,11 +100,13 @@ def run(argv, check, positive) -> int:
     check(args.seed is None or args.perturb > 0, "--seed chooses the kick of --perturb V > 0; without one it "
                                                  "would change nothing")
     args.seed = 0 if args.seed is None else args.seed
+    join_processes(args, check)   # before anything touches a device (Params are device arrays)
     params = film_params(args, check)
     from scenes.bag_run import BagRunOptions, run_bag
 
     film = tuple(field for field, _ in FILM_FLAGS.values())
-    options = {k: v for k, v in vars(args).items() if k not in ("no_pictures", "ensemble") and k not in film}
+    options = {k: v for k, v in vars(args).items()
+               if k not in ("no_pictures", "ensemble", "coordinator", "processes", "process_id") and k not in film}
     options = BagRunOptions(**options, pictures=not args.no_pictures, params=params)
     if args.ensemble is not None:
         from scenes.bag_ensemble import check_ensemble_options, run_bag_ensemble

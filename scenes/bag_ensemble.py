@@ -18,7 +18,11 @@ differ from the host's in the last bits (:mod:`scenes.choreography_jax`), and ba
 may round otherwise (docs/benchmarks.md, "Ensembles in lockstep"); over the whole coarse
 protocol member 0 measured bit for bit but near zero (docs/validation.md).
 
-The members are split over the devices (``jax.sharding``; summary.json's ``devices``). The
+The members are split over the devices (``jax.sharding``; summary.json's ``devices``),
+those of several processes joined by ``jax.distributed`` too (``processes``): every
+process runs this loop on every member's results, and process 0 alone audits the frames,
+writes the run folder and prints the progress; its audit reaches the others, so every
+process returns the same summary and status. The
 run folder holds ``summary.json`` (every member's measurements, audit and Newton figures,
 and their mean and sample standard deviation) and, per member,
 ``member<j>/trajectory.npz``, ``member<j>/state.npz`` (from which ``ipcjax bag --resume``
@@ -143,6 +147,10 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
             a bad resume state, an end with no step left, an unwritable ``out``; all before
             any step is taken.
     """
+    import contextlib
+
+    import jax
+
     from ipcjax.audit import BackgroundAudit
     from ipcjax.candidates import initial_capacity
     from ipcjax.ensemble import ensemble_rollout, stack
@@ -151,6 +159,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     from scenes.bag import bag_scene
 
     check_ensemble_options(options, members, params)
+    lead = jax.process_index() == 0   # over several processes only process 0 writes and audits
     sc = bag_scene(options.resolution, linear_solver=options.linear_solver, protocol=options.protocol,
                    params=options.params)
     schedule = BagSchedule(cj.protocol(sc.choreography))
@@ -160,7 +169,8 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     n_total = int(round(until / sc.dt))
     if n_total <= step:
         raise ValueError(f"--until {until:g} s leaves no step to run after t = {step * sc.dt:.4f} s")
-    runfolder.prepare(options.out)
+    if lead:
+        runfolder.prepare(options.out)
     plist = [sc.params] * members if params is None else [check_params(p) for p in params]
     stacked = stack(plist)
     t_unfold = sc.choreography.track("unfold").t_off
@@ -170,8 +180,8 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     kept = [[(np.asarray(states.x[j]), float(states.t[j]))] for j in range(members)]
     figures = [dict(iterations=0, max_depth=0, min_gap=np.inf) for _ in range(members)]
     failure, first_chunk_s, wall0 = None, None, time.perf_counter()
-    with BackgroundAudit(sc.faces, np.arange(len(sc.film), len(sc.film) + len(sc.spheres)),
-                         sc.sphere_radius) as background:
+    with (BackgroundAudit(sc.faces, np.arange(len(sc.film), len(sc.film) + len(sc.spheres)), sc.sphere_radius)
+          if lead else contextlib.nullcontext()) as background:
         audit = _MemberAudit(background, np.r_[sc.film, sc.spheres])
         for j in range(members):
             audit.add(j, kept[j][0][0])
@@ -187,39 +197,66 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
                 first_chunk_s, first_steps = time.perf_counter() - wall0, b - step0
             failure = _take_chunk(run, a, kept, figures, options.save_every, audit, sc)
             states, caps, step = run.state, run.aux, b if failure is None else failure["step"]
-            if options.progress:
+            if options.progress and lead:
                 _progress(float(states.t[0]), until, (step - step0, n_total - step0), time.perf_counter() - wall0,
                           (first_chunk_s, first_steps))
             if failure:
                 break
         audits = audit.split(members)
+    audits = _shared_audits(audits, [len(k) for k in kept])
     wall = time.perf_counter() - wall0
     if failure:
         print(f"bag ensemble: member {failure['member']} stopped in phase {failure['phase']!r} at t = "
               f"{failure['time_s']:.4f} s: {failure['reason']}", file=sys.stderr)
     return _write(sc, options, dict(states=states, caps=caps, step=step, checked=checked, kept=kept, figures=figures,
                                     audits=audits, failure=failure, wall=wall, first_chunk_s=first_chunk_s,
-                                    params=plist, capacity=capacity))
+                                    params=plist, capacity=capacity), write=lead)
+
+
+#: A member's audit, per kept frame: the field and its dtype (the same in every process).
+AUDIT_FIELDS = (("intersecting_pairs", np.int64), ("min_film_film", np.float64), ("min_film_sphere", np.float64))
 
 
 class _MemberAudit:
     """One :class:`ipcjax.audit.BackgroundAudit` for every member's frames, in the order they
     come (interleaved by chunk), each frame's member recorded, so that :meth:`split` gives
-    each member the audit of its own frames, in order."""
+    each member the audit of its own frames, in order. ``background`` None (a process
+    other than process 0) audits nothing: :meth:`split` gives None."""
 
     def __init__(self, background, order):
         self.background, self.order, self.owner = background, order, []
 
     def add(self, member: int, x) -> None:
         """Audit member's positions x (N, 3): film then spheres (``order``)."""
-        self.background.add(np.asarray(x)[self.order])
+        if self.background is not None:
+            self.background.add(np.asarray(x)[self.order])
         self.owner.append(member)
 
-    def split(self, members: int) -> list:
+    def split(self, members: int) -> list | None:
         """Per member: its frames' intersecting pairs and smallest film–film and film–sphere gaps."""
+        if self.background is None:
+            return None
         r, owner = self.background.result(), np.asarray(self.owner)
-        keys = ("intersecting_pairs", "min_film_film", "min_film_sphere")
-        return [{k: np.asarray(r[k])[owner == j] for k in keys} for j in range(members)]
+        return [{k: np.asarray(r[k], dt)[owner == j] for k, dt in AUDIT_FIELDS} for j in range(members)]
+
+
+def _broadcast(x: np.ndarray) -> np.ndarray:
+    """Process 0's ``x`` in every process (``x`` of the same shape and dtype in each)."""
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.broadcast_one_to_all(x))
+
+
+def _shared_audits(audits: list | None, frames: list) -> list:
+    """Process 0's audit of every member (``audits``; None in the other processes) in every
+    process, so that every process returns the same summary and status. ``frames``: each
+    member's kept frames, the same in every process (they hold every member's results)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return audits
+    return [{k: _broadcast(audits[j][k] if audits is not None else np.zeros(n, dt)) for k, dt in AUDIT_FIELDS}
+            for j, n in enumerate(frames)]
 
 
 def _progress(t: float, until: float, steps, wall: float, first) -> None:
@@ -274,8 +311,9 @@ def _take_chunk(run, a: int, kept, figures, save_every: int, audit, sc) -> dict 
                 time_s=float(run.state.t[j]), reason=StepCode.describe(int(code[j])), code=int(code[j]))
 
 
-def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
-    """Every member's folder and the ensemble's summary.json."""
+def _write(sc, options: BagRunOptions, r: dict, write: bool = True) -> EnsembleResult:
+    """Every member's folder and the ensemble's summary.json; with ``write`` False (not
+    process 0) the summary only."""
     import jax
 
     from scenes.bag import measurements
@@ -284,14 +322,15 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
     members = []
     for j, kept in enumerate(r["kept"]):
         folder = os.path.join(options.out, f"member{j}")
-        runfolder.prepare(folder)
         x = np.stack([k[0] for k in kept])
         traj = runfolder.Trajectory(x[:, sc.film], x[:, sc.spheres], sc.faces, np.array([k[1] for k in kept]))
-        runfolder.write_trajectory(os.path.join(folder, "trajectory.npz"), traj)
         t_j = float(r["states"].t[j])  # a member that did not fail ran to its chunk's end
-        write_state(os.path.join(folder, "state.npz"), r["states"].x[j], r["states"].v[j], t_j,
-                    step=int(round(t_j / sc.dt)), unfold_checked=r["checked"], resolution=options.resolution,
-                    captures=_captures_npz(sc, r["caps"], j), protocol=options.protocol)
+        if write:
+            runfolder.prepare(folder)
+            runfolder.write_trajectory(os.path.join(folder, "trajectory.npz"), traj)
+            write_state(os.path.join(folder, "state.npz"), r["states"].x[j], r["states"].v[j], t_j,
+                        step=int(round(t_j / sc.dt)), unfold_checked=r["checked"], resolution=options.resolution,
+                        captures=_captures_npz(sc, r["caps"], j), protocol=options.protocol)
         a, f = r["audits"][j], r["figures"][j]
         p = r["params"][j]
         m = dict(member=j, perturbation=describe(options.perturb, options.seed + j) if j else None,
@@ -302,16 +341,19 @@ def _write(sc, options: BagRunOptions, r: dict) -> EnsembleResult:
                             frames_with_self_intersection=int((a["intersecting_pairs"] > 0).sum()),
                             min_film_film_m=float(np.min(a["min_film_film"])),
                             min_film_sphere_m=float(np.min(a["min_film_sphere"]))))
-        runfolder.write_json(os.path.join(folder, "summary.json"), m)
+        if write:
+            runfolder.write_json(os.path.join(folder, "summary.json"), m)
         members.append(m)
     summary = dict(
         ensemble=len(members), resolution=options.resolution, protocol=options.protocol,
-        linear_solver=sc.config.linear_solver, devices=jax.device_count(), step_index=r["step"],
+        linear_solver=sc.config.linear_solver, devices=jax.device_count(), processes=jax.process_count(),
+        step_index=r["step"],
         simulated_s=float(r["states"].t[0]),
         wall_s=r["wall"], first_chunk_s=r["first_chunk_s"], chunk_steps=CHUNK, capacity=r["capacity"]._asdict(),
         unfold_checked=r["checked"], failure=r["failure"], members=members,
         measurements_mean_sd=mean_sd([m["measurements"] for m in members]))
-    runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
+    if write:
+        runfolder.write_json(os.path.join(options.out, "summary.json"), summary)
     return EnsembleResult(summary)
 
 

@@ -26,13 +26,9 @@ def test_chunks_have_one_length_and_stop_at_the_unfold_check():
     assert set(steps) == {BE.CHUNK} and sum(steps) == 2520
 
 
-def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_member(monkeypatch, tmp_path, capsys):
-    """A stand-in for the program: member j's positions grow by (j + 1)·0.01 % a step
-    (about the origin: nothing intersects that did not); member 1 fails at the 4th
-    step of the second chunk. The job stops there, names member 1, its step, time and
-    reason, keeps each member's frames up to its last good step (every 2nd, save_every),
-    writes both members' folders and the mean and sd of their measurements."""
-    calls = []
+def stand_in_rollout(calls):
+    """A stand-in for the program: member j's positions grow by (j + 1)·0.01 % a step;
+    member 1 fails at the 4th step of the second call."""
 
     def rollout(model, params, states, aux, schedule, *, dt, steps, config, capacity, keep_every=1):
         calls.append(steps)
@@ -52,7 +48,17 @@ def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_mem
                              np.full((2, steps), 4e-4), z, z, z, z, np.zeros((2, steps, 2, 3), np.int32))
         return E.Rollout(end, aux, jnp.asarray(frames, jnp.float32), jnp.asarray(times), rep, failed_at, code), capacity
 
-    monkeypatch.setattr(E, "ensemble_rollout", rollout)
+    return rollout
+
+
+def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_member(monkeypatch, tmp_path, capsys):
+    """A stand-in for the program: member j's positions grow by (j + 1)·0.01 % a step
+    (about the origin: nothing intersects that did not); member 1 fails at the 4th
+    step of the second chunk. The job stops there, names member 1, its step, time and
+    reason, keeps each member's frames up to its last good step (every 2nd, save_every),
+    writes both members' folders and the mean and sd of their measurements."""
+    calls = []
+    monkeypatch.setattr(E, "ensemble_rollout", stand_in_rollout(calls))
     opts = BagRunOptions(out=str(tmp_path / "ens"), until=8.60, save_every=2, **dict(BASE, progress=True))
     res = BE.run_bag_ensemble(opts, 2)
     s = res.summary
@@ -148,3 +154,101 @@ except ValueError as e:
     assert "3 ensemble members do not split over 2 devices" in str(e), e
 print("ok")
 """)
+
+
+def test_a_process_other_than_the_first_writes_nothing_and_returns_the_first_ones_audit(monkeypatch, tmp_path,
+                                                                                        capsys):
+    """Over several processes (jax.distributed) process 0 audits, writes and prints the
+    progress; another process runs the same loop, writes no folder, prints no progress,
+    and takes every member's audit from process 0 (a stand-in for the broadcast here, as
+    for the program), so its summary and status are process 0's. The two-process run
+    itself: the slow test below."""
+    import jax
+
+    monkeypatch.setattr(E, "ensemble_rollout", stand_in_rollout([]))
+    lead = BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "lead"), until=8.60, save_every=2, **BASE), 2)
+    first = lead.summary["members"]
+    sent = []
+
+    def from_process_0(x):   # what process 0 holds, in the order the members' fields go out
+        j, i = divmod(len(sent), len(BE.AUDIT_FIELDS))
+        k = BE.AUDIT_FIELDS[i][0]
+        sent.append((x.shape, x.dtype))
+        own = {"intersecting_pairs": np.zeros(x.shape, np.int64) + (k == "intersecting_pairs") * (j == 1),
+               "min_film_film": np.full(x.shape, first[j]["audit"]["min_film_film_m"]),
+               "min_film_sphere": np.full(x.shape, first[j]["audit"]["min_film_sphere_m"])}[k]
+        return own
+
+    monkeypatch.setattr(BE, "_broadcast", from_process_0)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(E, "ensemble_rollout", stand_in_rollout([]))
+    capsys.readouterr()
+    other = BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "other"), until=8.60, save_every=2,
+                                              **dict(BASE, progress=True)), 2)
+    assert not (tmp_path / "other").exists()
+    err = capsys.readouterr().err
+    assert "step 12/24" not in err and "member 1 stopped" in err
+    assert [shape for shape, _ in sent] == [(m["audit"]["frames"],) for m in first for _ in BE.AUDIT_FIELDS]
+    assert [str(dt) for _, dt in sent] == [str(np.dtype(dt)) for _ in first for _, dt in BE.AUDIT_FIELDS]
+    s = other.summary
+    assert s["processes"] == 2 and lead.summary["processes"] == 1
+    assert s["members"][1]["audit"]["frames_with_self_intersection"] == first[1]["audit"]["frames"]  # process 0's
+    assert s["members"][0]["audit"] == first[0]["audit"]
+    assert s["failure"] == lead.summary["failure"] and not other.ok
+    assert s["members"][1]["measurements"] == first[1]["measurements"]
+
+
+def test_the_process_flags_go_together_and_with_an_ensemble(capsys):
+    from jobs import cli
+
+    base = ["bag", "--resolution", "coarse", "--linear-solver", "dense", "--perturb", "0.01"]
+    for extra, why in (
+            (["--coordinator", "localhost:1234"], "--coordinator, --processes and --process-id go together"),
+            (["--coordinator", "localhost:1234", "--processes", "2", "--process-id", "0"],
+             "--coordinator joins the processes of one --ensemble K run"),
+            (["--ensemble", "2", "--coordinator", "h:1", "--processes", "1", "--process-id", "0"],
+             "--processes must be ≥ 2; got 1"),
+            (["--ensemble", "2", "--coordinator", "h:1", "--processes", "2", "--process-id", "2"],
+             "--process-id must be in 0 … 1; got 2")):
+        assert cli.main(base + extra) == 2
+        assert why in capsys.readouterr().err, extra
+
+
+@pytest.mark.slow  # the coarse bag's ensemble program in each of two processes, and two single runs (≈ 3 min)
+def test_the_bag_ensemble_job_over_two_processes(tmp_path):
+    """`ipcjax bag --ensemble 2 --coordinator … --processes 2 --process-id I` in two
+    processes of one CPU device each, one member on each: process 0 writes the run folder
+    (process 1, given another --out, writes none), both exit 0, and the members equal
+    their single runs as in members_equal_single_runs."""
+    import os
+    import textwrap
+
+    from tests.test_sweep import _run_two_processes
+
+    script = textwrap.dedent(f"""
+        import sys
+        from jobs import cli
+        pid, port = int(sys.argv[1]), int(sys.argv[2])
+        out = {str(tmp_path)!r} + ("/ens" if pid == 0 else "/other")
+        status = cli.main(["bag", "--ensemble", "2", "--resolution", "coarse", "--resume", {BAG_STATE!r},
+                           "--until", "8.55", "--linear-solver", "dense", "--perturb", "1e-3", "--out", out,
+                           "--coordinator", f"localhost:{{port}}", "--processes", "2", "--process-id", str(pid)])
+        assert status == 0, status
+        print("ok")
+    """)
+    _run_two_processes(script, dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert not (tmp_path / "other").exists()
+    with open(tmp_path / "ens" / "summary.json") as f:
+        s = json.load(f)
+    assert s["processes"] == 2 and s["devices"] == 2 and s["failure"] is None
+    base = dict(BASE, until=8.55)
+    for j in (0, 1):
+        single = run_bag(BagRunOptions(out=str(tmp_path / f"single{j}"), seed=j, **dict(base, perturb=1e-3 if j else 0)))
+        with np.load(tmp_path / "ens" / f"member{j}" / "trajectory.npz") as a, \
+                np.load(tmp_path / f"single{j}" / "trajectory.npz") as b:
+            assert a["film"].shape == b["film"].shape == (13, 85, 3)
+            tol = 4 * fp32_ulp(b["film"])
+            assert np.abs(a["film"] - b["film"]).max() <= tol and np.abs(a["spheres"] - b["spheres"]).max() <= tol
+        assert s["members"][j]["newton_iterations"] == single.summary["newton_iterations"]
+        assert s["members"][j]["audit"]["frames_with_self_intersection"] == 0
