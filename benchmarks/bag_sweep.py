@@ -18,9 +18,15 @@ the table: at each grid point k = −7 … 7 the single run (where there is one)
 spline-smoothed measurements and loss against a target, the loss's slope between
 neighbouring points beside the smoothed loss's own gradient and the rest-state one
 (fitting.smoothing), and the trend and scatter of the single runs. ``--recover`` takes each
-single run as a fit's targets and prints where the smoothed loss is smallest: what one
-run's scatter does to a fit whose targets are one bag. ``--compare FILE`` prints how far
-the runs of another sweep file lie from their twins here (reruns).
+single run as a fit's targets and prints where the smoothed loss is smallest, with the
+interval the fit's ``model_scatter`` gives there and whether it holds the truth: what one
+run's scatter does to a fit whose targets are one bag. ``--recover --targets FILE`` takes
+other runs instead, e.g. bags whose whole history ran at their E
+(benchmarks/whole_history.py); ``--runs-per-node K --within X,Y,F`` gives the interval of
+K runs per node with that measured spread, ``--model-scatter X,Y,F`` another run-to-run
+scatter. A folder of whole-history runs (lines without rest-state Jacobians) is a lattice
+too. ``--compare FILE`` prints how far the runs of another sweep file lie from their twins
+here (reruns).
 """
 from __future__ import annotations
 
@@ -78,7 +84,8 @@ def _lattice(folder, param, width: int):
     bad = {k: r["error"] for k, r in by_k.items() if "error" in r}
     col = BAG_NAMES.index(param)
     Y = {k: np.asarray(r["y_mm"]) for k, r in by_k.items() if k not in bad}
-    J_rest = {k: np.asarray(by_k[k]["J_rest_mm"]) for k in Y if k % width == 0}   # the lattice nodes' (3, 3)
+    # the lattice nodes' (3, 3); NaN for runs that did not take it (benchmarks/whole_history.py)
+    J_rest = {k: np.asarray(by_k[k].get("J_rest_mm", np.full((3, 3), np.nan))) for k in Y if k % width == 0}
 
     def smoothed(u):
         idx, w, dw = lattice_support([u / width])
@@ -95,7 +102,7 @@ def _lattice(folder, param, width: int):
 
 
 def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100, targets=None, *,
-            scatter_mm=None, runs_per_node: int = 1, within_mm=None) -> dict:
+            scatter_mm=None, runs_per_node: int = 1, within_mm=None, bag_scatter_mm=None) -> dict:
     """Runs taken as the targets of a fit: where the fit's smoothed loss Σ((ȳ(z) − y)/1 mm)²
     has its smallest value, on a scan of ``per_step`` points per grid step over the span
     where the lattice nodes have run, and the interval the model's scatter leaves there.
@@ -110,9 +117,12 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100,
     runs there, one run's scatter ``scatter_mm`` (default MODEL_SCATTER_MM), K =
     ``runs_per_node`` runs per node with measured spread ``within_mm``): ``sigma_log``,
     ``low`` and ``high`` (× the film default), ``sigmas`` = log(truth / answer) / σ, and
-    ``inside``, the truth within 1σ."""
+    ``inside``, the truth within 1σ; ``one_bag``, the same for the fit's ``one_bag`` interval
+    (:func:`fitting.uncertainty.one_bag`: the tape's 0.5 mm, one bag's own scatter
+    ``bag_scatter_mm``, default BAG_SCATTER_MM, and the model's)."""
     from fitting.smoothing import effective_runs, lattice_support
-    from fitting.uncertainty import MODEL_SCATTER_MM, scatter_budget
+    from fitting.uncertainty import (BAG_SCATTER_MM, DEFAULT_NOISE, MODEL_SCATTER_MM, node_scatter, one_bag,
+                                     scatter_budget)
 
     Y, _, smoothed = _lattice(folder, param, int(width))
     us = np.arange(min(Y) * per_step, max(Y) * per_step + 1) / per_step
@@ -121,10 +131,13 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100,
         raise ValueError(f"{folder}: no point where all four lattice nodes of {param} have run")
     U = np.array([u for u, *_ in curve])
     Ys = np.stack([y for _, y, _ in curve])
+    failed = []
     if targets is None:
         cases = [dict(factor=math.exp(k * STEP), y_mm=Y[k]) for k in sorted(Y)]
     else:
-        cases = [dict(t, factor=float(t["factor"]), y_mm=np.asarray(t["y_mm"], np.float64)) for t in targets]
+        failed = [dict(factor=float(t["factor"]), error=t["error"]) for t in targets if "error" in t]
+        cases = [dict(t, factor=float(t["factor"]), y_mm=np.asarray(t["y_mm"], np.float64))
+                 for t in targets if "error" not in t]
     scatter = MODEL_SCATTER_MM if scatter_mm is None else scatter_mm
     rows = []
     for c in cases:
@@ -139,16 +152,22 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100,
                                 runs_per_node=runs_per_node, within_mm=within_mm)
         iv = budget["interval_1sigma"][param]
         miss = math.log(c["factor"] / found)
+        ob = one_bag(curve[i][2][:, None], (param,), {param: found}, DEFAULT_NOISE * 1e3,
+                     BAG_SCATTER_MM if bag_scatter_mm is None else bag_scatter_mm,
+                     node_scatter(scatter, within_mm, runs_per_node), effective_runs=eff)["interval_1sigma"][param]
         extra = {key: v for key, v in c.items() if key not in ("factor", "y_mm")}
         rows.append(dict(extra, factor=c["factor"], y_mm=np.asarray(c["y_mm"]).tolist(), found=found,
                          error=math.exp(-miss) - 1.0, loss_mm2=float(L[i]), at_scan_end=bool(i in (0, len(U) - 1)),
                          sigma_log=iv["sigma_log"], low=iv["low"], high=iv["high"],
                          sigmas=miss / iv["sigma_log"] if iv["sigma_log"] > 0 else math.inf,
-                         inside=bool(abs(miss) <= iv["sigma_log"])))
+                         inside=bool(abs(miss) <= iv["sigma_log"]),
+                         one_bag=dict(sigma_log=ob["sigma_log"], low=ob["low"], high=ob["high"],
+                                      sigmas=miss / ob["sigma_log"], inside=bool(abs(miss) <= ob["sigma_log"]))))
     err = np.array([r["error"] for r in rows])
     return dict(param=param, runs=rows, rms_error=float(np.sqrt(np.mean(err**2))) if rows else None,
                 within_2pct=int(np.sum(np.abs(err) <= 0.02)), within_5pct=int(np.sum(np.abs(err) <= 0.05)),
-                inside_1sigma=sum(r["inside"] for r in rows), runs_per_node=int(runs_per_node),
+                inside_1sigma=sum(r["inside"] for r in rows), inside_one_bag=sum(r["one_bag"]["inside"] for r in rows),
+                failed_targets=failed, runs_per_node=int(runs_per_node),
                 within_mm=None if within_mm is None else list(within_mm), scatter_mm=list(scatter))
 
 
@@ -181,7 +200,9 @@ def report(folder, param="youngs_modulus", target=None, png=None, width: int = 2
         if hi > lo:
             slope[k] = (loss[hi] - loss[lo]) / ((hi - lo) * STEP)
     # None, not 0 %, where no point has a neighbour to take the slope from (a sweep run with --k)
-    match = lambda g: (sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / len(slope)) if slope else None
+    # None, too, for a derivative the runs did not take (NaN: whole-history runs have no rest-state one)
+    match = lambda g: ((sum(np.sign(g[k]) == np.sign(slope[k]) for k in slope) / len(slope))
+                       if slope and not any(math.isnan(g[k]) for k in slope) else None)
     table = [dict(factor=math.exp(k * STEP), y_mm=Y[k].tolist() if k in Y else None, y_smoothed_mm=sm[k][0].tolist(),
                   loss_mm2=loss[k], slope=slope.get(k), spline=spline[k], rest=rest[k]) for k in ks]
     # one line per measurement over every run: its trend and the runs' scatter about it
@@ -252,6 +273,10 @@ def main(argv=None):
     ap.add_argument("--runs-per-node", type=int, default=1, help="recover: the interval of K runs per node")
     ap.add_argument("--within", help="recover: the K runs' measured spread, mm (neck x, neck y, flap); default "
                     "none measured, the runs assumed independent")
+    ap.add_argument("--model-scatter", help="recover: one run's scatter about the trend, mm (neck x, neck y, flap); "
+                    "default fitting.uncertainty.MODEL_SCATTER_MM, the tie-start E sweep's")
+    ap.add_argument("--bag-scatter", help="recover: one bag's own scatter, mm (neck x, neck y, flap), for the "
+                    "one-bag interval; default fitting.uncertainty.BAG_SCATTER_MM")
     ap.add_argument("--json", help="recover: write the table here")
     ap.add_argument("--compare", metavar="FILE", help="print how far the runs of the sweep file FILE lie from "
                     "their twins in OUT/sweep.jsonl (same parameter and factor)")
@@ -269,7 +294,16 @@ def main(argv=None):
             ap.error(f"--within takes three spreads in mm (neck x, neck y, flap); got {a.within!r}")
         if a.runs_per_node < 1:
             ap.error(f"--runs-per-node must be ≥ 1; got {a.runs_per_node}")
-        r = recover(a.out, a.param, a.width, targets=targets, runs_per_node=a.runs_per_node, within_mm=within)
+        scatter = None if a.model_scatter is None else [float(v) for v in a.model_scatter.split(",")]
+        if scatter is not None and (len(scatter) != 3 or min(scatter) <= 0):
+            ap.error(f"--model-scatter takes three scatters > 0 mm (neck x, neck y, flap); got {a.model_scatter!r}")
+        bag = None if a.bag_scatter is None else [float(v) for v in a.bag_scatter.split(",")]
+        if bag is not None and (len(bag) != 3 or min(bag) <= 0):
+            ap.error(f"--bag-scatter takes three scatters > 0 mm (neck x, neck y, flap); got {a.bag_scatter!r}")
+        r = recover(a.out, a.param, a.width, targets=targets, scatter_mm=scatter, runs_per_node=a.runs_per_node,
+                    within_mm=within, bag_scatter_mm=bag)
+        for t in r["failed_targets"]:
+            print(f"targets: the run at {a.param} × {t['factor']:.3f} failed, no target: {t['error']}")
         if not r["runs"]:
             print(f"no target lies inside the span the lattice nodes of {a.out} cover", file=sys.stderr)
             return 1
@@ -277,11 +311,13 @@ def main(argv=None):
             print(f"targets: {row.get('label', 'the run')} at {a.param} × {row['factor']:.3f}: the smoothed loss "
                   f"is smallest at × {row['found']:.3f} ({row['error']:+.1%}), {row['loss_mm2']:.2f} mm²"
                   + (" (the scan's end)" if row["at_scan_end"] else "")
-                  + f"; 1σ [{row['low']:.3f}, {row['high']:.3f}] (±{math.expm1(row['sigma_log']):.1%}), the truth "
-                  + f"{row['sigmas']:+.1f} σ away")
+                  + f"; model 1σ ±{math.expm1(row['sigma_log']):.1%}, the truth {row['sigmas']:+.1f} σ away; one bag "
+                  + f"±{math.expm1(row['one_bag']['sigma_log']):.1%}, {row['one_bag']['sigmas']:+.1f} σ")
         print(f"{len(r['runs'])} targets: rms error {r['rms_error']:.1%}; within 2 %: {r['within_2pct']}, "
-              f"within 5 %: {r['within_5pct']}; the truth inside the 1σ interval: {r['inside_1sigma']} "
-              f"(K = {r['runs_per_node']} runs per node"
+              f"within 5 %: {r['within_5pct']}; the truth inside the 1σ interval: {r['inside_1sigma']} (model), "
+              f"{r['inside_one_bag']} (one bag) "
+              f"(one run's scatter {', '.join(f'{v:g}' for v in r['scatter_mm'])} mm; K = {r['runs_per_node']} "
+              f"runs per node"
               + (", their spread assumed independent)" if within is None else f", their spread {a.within} mm)"))
         if a.json:
             with open(a.json, "w") as f:
@@ -304,7 +340,8 @@ def main(argv=None):
             print(f"{p['factor']:7.3f} " + one + " | "
                   + " ".join(f"{v:6.2f}" for v in p["y_smoothed_mm"])
                   + f" {p['loss_mm2']:8.2f} {sl:>8} {p['spline']:8.1f} {p['rest']:8.1f}")
-        sign = (f"spline {r['sign_match_spline']:.0%}, rest-state {r['sign_match_rest']:.0%} of "
+        pct = lambda v: "not taken" if v is None else f"{v:.0%}"   # noqa: E731
+        sign = (f"spline {pct(r['sign_match_spline'])}, rest-state {pct(r['sign_match_rest'])} of "
                 f"{r['sign_points']} points" if r["sign_points"] else
                 "not measured (no sweep point has a neighbour on the grid to take the loss slope from)")
         print(f"sign of the gradient = sign of the loss slope: {sign}; target {np.round(r['target_mm'], 2).tolist()} mm"

@@ -8,10 +8,10 @@ tie checkpoint (made at 315 MPa) have never seen.
 The first form runs the whole protocol (t = 0 to 10.50 s, ``ipcjax bag --youngs-modulus
 E``: the gather, the cinch, the tie and the release all at E = factor × 315 MPa) in
 ``OUT/youngs_modulus=<factor>/``, ``--workers`` at a time in separate processes (a folder
-whose run already finished at that E is read back, not run again); the second reads
+whose run already finished or failed at that E is read back, not run again); the second reads
 finished runs' summaries. Either appends one JSON line per run to ``--jsonl``: ``factor``
 (the truth, × the film default), ``y_mm`` (neck x, neck y, flap at 10.50 s), the audit
-and wall time. ``python3 benchmarks/bag_sweep.py --recover --targets FILE --out
+and wall time; or, for a run that failed, its ``error``. ``python3 benchmarks/bag_sweep.py --recover --targets FILE --out
 docs/figures/bag_sweep_E`` then says where the fit's smoothed loss over the tie-start
 lattice puts each of them (docs/differentiation.md, "A whole history at E").
 """
@@ -31,22 +31,29 @@ sys.path.insert(0, ROOT)
 
 
 def target_line(summary: dict, source: str) -> dict:
-    """One targets line from a finished whole-protocol run's summary; refuses a run that
-    failed, stopped early, started from a saved state or self-intersects."""
+    """One targets line from a whole-protocol run's summary. A run that failed (the unfold
+    check, a step) or has a self-intersecting frame gives a line with its ``error`` and no
+    measurements: a bag the protocol does not make at that E, which is no target
+    (``bag_sweep.py`` leaves such lines out and names them). Refuses (ValueError) a run that
+    is not a whole full-protocol run from t = 0, or a kicked one."""
     from ipcjax.model import Params
     from scenes.bag import DT, PROTOCOLS
 
-    if summary.get("failure") or summary["audit"]["frames_with_self_intersection"]:
-        raise ValueError(f"{source}: the run failed or self-intersects; it is no target")
-    t_end = PROTOCOLS["full"].t_end
-    if summary["steps_this_run"] != round(t_end / DT) or abs(summary["simulated_s"] - t_end) > 1e-6 \
-            or summary.get("protocol") != "full" or summary.get("resolution") != "full":
-        raise ValueError(f"{source}: not a whole full-protocol run of the 481-vertex bag from t = 0")
+    e0 = float(Params.film_defaults().youngs_modulus)
+    factor = summary["params"]["youngs_modulus"] / e0
     if summary.get("perturbation") is not None:
         raise ValueError(f"{source}: a kicked run; a target's history is the protocol's own")
+    if summary.get("protocol") != "full" or summary.get("resolution") != "full":
+        raise ValueError(f"{source}: not a whole full-protocol run of the 481-vertex bag from t = 0")
+    if summary.get("failure") or summary["audit"]["frames_with_self_intersection"]:
+        why = (summary["failure"] or {}).get("reason") or \
+            f"{summary['audit']['frames_with_self_intersection']} self-intersecting frames"
+        return dict(param="youngs_modulus", factor=factor, error=why, source=source)
+    t_end = PROTOCOLS["full"].t_end
+    if summary["steps_this_run"] != round(t_end / DT) or abs(summary["simulated_s"] - t_end) > 1e-6:
+        raise ValueError(f"{source}: not a whole full-protocol run of the 481-vertex bag from t = 0")
     m = summary["measurements"]
-    e0 = float(Params.film_defaults().youngs_modulus)
-    return dict(param="youngs_modulus", factor=summary["params"]["youngs_modulus"] / e0,
+    return dict(param="youngs_modulus", factor=factor,
                 y_mm=[*m["neck_width_mm"], m["flap_height_mm"]], label="whole history", source=source,
                 params=summary["params"], frames_self_intersecting=summary["audit"]["frames_with_self_intersection"],
                 unfold_checked=summary.get("unfold_checked"), newton_iterations=summary.get("newton_iterations"),
@@ -63,6 +70,15 @@ def _run(task):
 
     params = Params.film_defaults(youngs_modulus=factor * float(Params.film_defaults().youngs_modulus))
     s = NodeCache.finished(out, params, PROTOCOLS["full"].t_end)
+    if s is None:   # a run that failed at this E fails again: read back too, not rerun
+        try:
+            with open(os.path.join(out, "summary.json")) as f:
+                old = json.load(f)
+            same = all(math.isclose(old["params"][n], float(getattr(params, n)), rel_tol=1e-12)
+                       for n in ("youngs_modulus", "friction", "bending_scale"))
+            s = old if same and old.get("failure") and old.get("perturbation") is None else None
+        except (OSError, ValueError, KeyError):
+            s = None
     if s is None:
         t0 = time.perf_counter()
         s = run_bag(BagRunOptions(out=out, params=params, mesh_every=0, pictures=False, progress=False)).summary
@@ -96,8 +112,9 @@ def main(argv=None) -> int:
     with open(a.jsonl, "a") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-            print(f"E × {line['factor']:.4f}: neck {line['y_mm'][0]:.2f} × {line['y_mm'][1]:.2f} mm, "
-                  f"flap {line['y_mm'][2]:.2f} mm ({line['source']})")
+            print(f"E × {line['factor']:.4f}: " + (f"FAILED, {line['error']}" if "error" in line else
+                  f"neck {line['y_mm'][0]:.2f} × {line['y_mm'][1]:.2f} mm, flap {line['y_mm'][2]:.2f} mm")
+                  + f" ({line['source']})")
     return 0
 
 

@@ -29,6 +29,7 @@ class BagFitOptions(NamedTuple):
     step: float = DEFAULT_STEP          # lattice step of the smoothing in log-parameter space (2 ln 2 / 7)
     noise_mm: float = 0.5               # measurement noise of the error bar, mm
     model_scatter_mm: tuple | None = None  # one run's scatter (neck x, y, flap), mm (None: uncertainty.MODEL_SCATTER_MM)
+    bag_scatter_mm: tuple | None = None    # one measured bag's own scatter, mm (None: uncertainty.BAG_SCATTER_MM)
     estimator: str = "spline"           # the smoothed Jacobian (fitting.smoothing.ESTIMATORS)
     workers: int | None = None          # node processes (None: the cores)
     progress: bool = True
@@ -59,11 +60,10 @@ class BagFitOptions(NamedTuple):
             raise ValueError(f"runs_per_node must be a positive integer; got {self.runs_per_node}")
         if not (np.isfinite(self.perturb) and self.perturb > 0):
             raise ValueError(f"perturb must be a finite speed > 0 m/s; got {self.perturb}")
-        if self.model_scatter_mm is not None:
-            s = np.asarray(self.model_scatter_mm, np.float64)
-            if s.shape != (3,) or not np.all(np.isfinite(s) & (s > 0)):
-                raise ValueError("model_scatter_mm must be three values > 0 (neck x, neck y, flap, mm); "
-                                 f"got {self.model_scatter_mm}")
+        for what, v in (("model_scatter_mm", self.model_scatter_mm), ("bag_scatter_mm", self.bag_scatter_mm)):
+            s = None if v is None else np.asarray(v, np.float64)
+            if s is not None and (s.shape != (3,) or not np.all(np.isfinite(s) & (s > 0))):
+                raise ValueError(f"{what} must be three values > 0 (neck x, neck y, flap, mm); got {v}")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
 
@@ -95,8 +95,10 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         out: run folder: ``fit.json`` (iterates, final values, Jacobian, 1σ interval for
             the measurement noise, identifiability, what the model's own scatter allows
             (:func:`fitting.uncertainty.scatter_budget`; with K ≥ 2 runs per node only their
-            measured spread, ``node_spread``, averages away), the goodness of fit against the
-            tape noise and that scatter (:func:`fitting.uncertainty.goodness_of_fit`), the
+            measured spread, ``node_spread``, averages away), ``one_bag``: the interval of a fit
+            to one measured bag, with the tape noise, that scatter and the bag's own
+            (:func:`fitting.uncertainty.one_bag`), the goodness of fit against the same three
+            (:func:`fitting.uncertainty.goodness_of_fit`), the
             fitted run, the reach message if any and ``misfit``, the measurements the model
             does not reach, if any), ``fit.png``, ``mesh/fitted_*`` (the fitted run's final frame) and
             ``nodes/`` (each run's folder).
@@ -107,13 +109,17 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         model's reach (``outside_reach`` says why) or the fit failed (``failed``). A
         ``misfit`` keeps ``fitted`` (the best compromise) and says which measurement
         stays ``MISFIT_SIGMAS`` σ or more from its target, and by how much.
+        ``history_bias``, for measured targets fitted from the default tie checkpoint,
+        says how far such fits landed from bags whose whole history ran at their E
+        (:func:`fitting.uncertainty.history_message`); it too keeps ``fitted``.
     """
     from fitting import bag_rest as br
     from fitting.bag_nodes import NodeFailed
     from fitting.fit import FitIterate, FitResult
     from fitting.rest_derivative import BAG_NAMES
-    from fitting.uncertainty import (MODEL_SCATTER_MM, goodness_of_fit, identifiability, interval, misfit_message,
-                                     node_scatter, reach_message, scatter_budget)
+    from fitting.uncertainty import (BAG_SCATTER_MM, MODEL_SCATTER_MM, goodness_of_fit, history_message,
+                                     identifiability, interval, misfit_message, node_scatter, one_bag, reach_message,
+                                     scatter_budget)
     from ipcjax.model import Params
     from ipcjax.runfolder import Trajectory, read_npz
     from scenes.bag import SPHERE_RADII
@@ -139,7 +145,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
                   bounds={n: list(problem.bounds[n]) for n in names},
                   known_params={n: float(getattr(known, n)) for n in BAG_NAMES})
     synthetic = targets is None
-    result, failed, outside, misfit, fitted_run = None, None, None, None, None
+    result, failed, outside, misfit, fitted_run, bias = None, None, None, None, None, None
     try:
         if synthetic:
             targets = problem(to_z(names, known), known).y
@@ -180,6 +186,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         outside = reach_message(names, problem.bounds, recs, targets)
         # K ≥ 2 runs per node: only the part of the scatter in which they differ averages away
         scatter, spread = options.model_scatter_mm or MODEL_SCATTER_MM, node_spread(best)
+        bag = options.bag_scatter_mm or BAG_SCATTER_MM
         within = None if spread is None else spread["rms_sd_mm"]
         record.update(
             best=dict(params=best.params, y_mm=(np.asarray(best.y) * 1e3).tolist(), loss_mm2=loss(best)),
@@ -191,10 +198,13 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
             model_scatter=scatter_budget(J, names, best.params, scatter, effective_runs=best.effective_runs,
                                          runs_per_node=best.runs_per_node, within_mm=within),
             node_spread=spread,
+            one_bag=one_bag(J, names, best.params, options.noise_mm, bag, node_scatter(scatter, within, best.runs_per_node),
+                            effective_runs=best.effective_runs),
             goodness_of_fit=goodness_of_fit(np.asarray(best.y) * 1e3, t_mm, len(names), options.noise_mm,
                                             node_scatter(scatter, within, best.runs_per_node),
-                                            effective_runs=best.effective_runs))
+                                            effective_runs=best.effective_runs, bag_scatter_mm=bag))
         misfit = misfit_message(record["goodness_of_fit"])
+        bias = history_message(os.path.abspath(start) == os.path.abspath(br.DEFAULT_START), synthetic)
         history = [FitIterate(iteration=i, loss=loss(r), params=r.params, wall_s=r.wall_s)
                    for i, r in enumerate(recs)]
         try:
@@ -202,7 +212,7 @@ def fit_bag_rest(out: str, targets=None, options: BagFitOptions = BagFitOptions(
         except ImportError:
             pass
     record.update(converged=bool(result.converged) if result is not None else False, failed=failed,
-                  outside_reach=outside, misfit=misfit,
+                  outside_reach=outside, misfit=misfit, history_bias=bias,
                   fitted=None if (failed or outside or not recs) else dict(best.params),
                   evaluations=problem.evaluations, runs=problem.runs,
                   seconds_per_evaluation=problem.run_s / problem.evaluations if problem.evaluations else None,

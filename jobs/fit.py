@@ -41,8 +41,8 @@ SCENES = ("pouch", "bag", "cantilever")
 CANTILEVER_PARAMS = ("bending_scale", "youngs_modulus", "thickness")  # no contact: no friction
 
 
-def three_mm(text, error):
-    """``--model-scatter X,Y,F`` (mm) as a tuple, None when not given; ``error`` on bad text."""
+def three_mm(text, error, flag="--model-scatter"):
+    """``flag X,Y,F`` (mm) as a tuple, None when not given; ``error`` on bad text."""
     if text is None:
         return None
     try:
@@ -50,7 +50,7 @@ def three_mm(text, error):
     except ValueError:
         v = ()
     if len(v) != 3 or not all(np.isfinite(x) and x > 0 for x in v):
-        error(f"--model-scatter takes three values > 0 in mm (neck x, neck y, flap), e.g. 1.62,3.56,1.10; got {text!r}")
+        error(f"{flag} takes three values > 0 in mm (neck x, neck y, flap), e.g. 1.62,3.56,1.10; got {text!r}")
     return v
 
 
@@ -80,13 +80,15 @@ def bag_rest_job(args, error) -> int:
         targets = SPEC_TARGETS
     options = BagFitOptions(names=names, start=args.state, start_value=args.start, start_factor=args.start_factor,
                             iterations=args.iterations, step=args.lattice_step, noise_mm=args.noise,
-                            model_scatter_mm=three_mm(args.model_scatter, error), workers=args.workers,
+                            model_scatter_mm=three_mm(args.model_scatter, error),
+                            bag_scatter_mm=three_mm(args.bag_scatter, error, "--bag-scatter"), workers=args.workers,
                             progress=not args.quiet, runs_per_node=args.runs_per_node,
                             perturb=ENSEMBLE_KICK if args.perturb is None else args.perturb)
     options.check()
     record = bag_rest_fit.fit_bag_rest(args.out, targets, options)
     print(runfolder.dumps({k: v for k, v in record.items() if k not in ("iterates", "synthetic_evaluation")}))
-    for what in ("failed", "outside_reach", "misfit"):  # misfit: said, and the fitted value kept (status 0)
+    # misfit and history_bias: said, and the fitted value kept (status 0)
+    for what in ("failed", "outside_reach", "misfit", "history_bias"):
         if record[what]:
             print(f"fit: {record[what]}", file=sys.stderr)
     return 0 if record["fitted"] is not None else 1
@@ -209,6 +211,8 @@ FIT_JOBS = {
                                  help="smoothing lattice step in log-parameters (default 2 ln 2 / 7)")),
          ("--noise", dict(type=float, default=0.5, help="noise of the 1σ interval, mm (default 0.5)")),
          ("--model-scatter", dict(help="one run's scatter X,Y,F, mm (default 1.62,3.56,1.10, the E sweep's)")),
+         ("--bag-scatter", dict(help="one measured bag's own scatter X,Y,F, mm (default: whole-history bags', "
+                                     "fitting.uncertainty.BAG_SCATTER_MM)")),
          ("--workers", dict(type=int, help="node processes (default: the cores)")),
          ("--runs-per-node", dict(type=int, default=1, help="K: each lattice node the mean of K runs, the unperturbed "
                                   "one and K − 1 with the film's start velocities kicked (default 1)")),

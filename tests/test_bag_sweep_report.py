@@ -143,9 +143,17 @@ def test_whole_history_targets_refuse_what_is_no_whole_history(tmp_path):
              measurements=dict(neck_width_mm=[40.0, 41.0], flap_height_mm=14.0))
     line = whole_history.target_line(s, "x/summary.json")
     assert line["factor"] == pytest.approx(2.0, rel=1e-12) and line["y_mm"] == [40.0, 41.0, 14.0]
-    for bad, why in ((dict(failure="step 3"), "failed or self-intersects"),
-                     (dict(audit=dict(frames_with_self_intersection=2)), "failed or self-intersects"),
-                     (dict(steps_this_run=504), "not a whole full-protocol run"),
+    for bad, why in ((dict(steps_this_run=504), "not a whole full-protocol run"),
+                     (dict(resolution="coarse"), "not a whole full-protocol run"),
                      (dict(perturbation=dict(rms_m_s=0.1, seed=1)), "a kicked run")):
         with pytest.raises(ValueError, match=why):
             whole_history.target_line(dict(s, **bad), "x/summary.json")
+    # a bag the protocol does not make at that E: a line with its error, which recover leaves out and names
+    unfold = whole_history.target_line(dict(s, failure=dict(phase="unfold", reason="unfold check: 3 of 32 columns"),
+                                            steps_this_run=1452), "y/summary.json")
+    crossed = whole_history.target_line(dict(s, audit=dict(frames_with_self_intersection=2)), "z/summary.json")
+    assert unfold["error"] == "unfold check: 3 of 32 columns" and "y_mm" not in unfold
+    assert crossed["error"] == "2 self-intersecting frames"
+    _write(tmp_path, range(-9, 10), scatter=0.0)
+    r = bag_sweep.recover(str(tmp_path), "friction", targets=[dict(unfold, factor=1.1), line | dict(factor=1.2)])
+    assert [t["factor"] for t in r["failed_targets"]] == [1.1] and len(r["runs"]) == 1

@@ -286,7 +286,7 @@ def fits(monkeypatch):
     return calls
 
 
-FIT_RECORDS = {"fit_bag_rest": dict(fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=None),
+FIT_RECORDS = {"fit_bag_rest": dict(fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=None, history_bias=None),
                "fit_pouch": dict(fits=[]), "fit_bag_state": dict(fits=[]), "fit_cantilever": dict(fitted=1.0)}
 
 
@@ -406,10 +406,10 @@ def test_each_fit_job_builds_the_options_it_built_with_one_parser(capsys, fits, 
         (["--scene", "bag"], "fit_bag_rest", ("runs/fit", SPEC_TARGETS, BagFitOptions()), {}),
         (["--scene", "bag", "--pair", "youngs_modulus,friction", "--synthetic", "--model-scatter", "1.5,2.5,0.5",
           "--lattice-step", "0.3", "--noise", "0.7", "--workers", "2", "--state", BAG_STATE, "--start-factor", "2",
-          "--iterations", "4", "--quiet", "--out", out], "fit_bag_rest",
+          "--iterations", "4", "--quiet", "--out", out, "--bag-scatter", "4,3,5"], "fit_bag_rest",
          (out, None, BagFitOptions(names=("youngs_modulus", "friction"), start=BAG_STATE, start_factor=2.0,
                                    iterations=4, step=0.3, noise_mm=0.7, model_scatter_mm=(1.5, 2.5, 0.5),
-                                   workers=2, progress=False)), {}),
+                                   bag_scatter_mm=(4.0, 3.0, 5.0), workers=2, progress=False)), {}),
         (["--scen", "bag", "--synth", "--param", "bending_scale", "--start", "1.5", "--quie"], "fit_bag_rest",
          ("runs/fit", None, BagFitOptions(names=("bending_scale",), start_value=1.5, progress=False)), {}),
         (["--scene", "bag", "--state", BAG_STATE, "--window", "4"], "fit_bag_state",

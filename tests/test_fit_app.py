@@ -113,7 +113,7 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
 
     def fake(out, targets, options):
         seen.update(out=out, targets=targets, options=options)
-        return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …", misfit=None)
+        return dict(fitted=None, failed=None, outside_reach="no youngs_modulus in [a, b] brings the neck …", misfit=None, history_bias=None)
 
     monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", fake)
     assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 1
@@ -130,16 +130,18 @@ def test_bag_fit_defaults_to_e_against_the_specification_from_the_tie_checkpoint
 def test_bag_fit_says_which_measurement_the_model_does_not_reach(tmp_path, monkeypatch, capsys):
     """A fit whose best value leaves a measurement far from its target keeps the fitted
     value (status 0) and says which measurement and by how much on stderr, as fit.json's
-    ``misfit`` does."""
-    said = "the model does not reach the flap: fitted 8.40 mm against 18.43 mm, -10.03 mm, 9.1 σ"
+    ``misfit`` does; and the history bias of a fit from the tie checkpoint after it."""
+    said = "the model does not reach the flap: fitted 8.40 mm against 28.43 mm, -20.03 mm, 4.1 σ"
+    bias = "every run starts from the tie checkpoint, whose gather, cinch and tie ran at 315 MPa; …"
     monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", lambda out, targets, options: dict(
-        fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=said))
+        fitted={"youngs_modulus": 3e8}, failed=None, outside_reach=None, misfit=said, history_bias=bias))
     assert main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o")]) == 0
-    assert capsys.readouterr().err.strip() == f"fit: {said}"
+    assert capsys.readouterr().err.strip().splitlines() == [f"fit: {said}", f"fit: {bias}"]
 
 
 @pytest.mark.parametrize("argv", [["--scene", "pouch", "--lattice-step", "0.1"], ["--synthetic"],
                                   ["--scene", "bag", "--window", "2", "--state", "s.npz", "--model-scatter", "1,2,3"],
+                                  ["--scene", "bag", "--window", "2", "--state", "s.npz", "--bag-scatter", "4,3,5"],
                                   ["--pair", "youngs_modulus,friction"], ["--workers", "2"]])
 def test_rest_fit_flags_are_refused_where_they_would_be_ignored(tmp_path, capsys, no_fit, argv):
     with pytest.raises(SystemExit) as e:
@@ -154,6 +156,7 @@ def test_rest_fit_flags_are_refused_where_they_would_be_ignored(tmp_path, capsys
     (["--neck-x", "0.04"], "give all three of --neck-x, --neck-y and --flap"),
     (["--model-scatter", "1.7,3.3"], "--model-scatter takes three values > 0"),
     (["--model-scatter", "1.7,-3.3,1"], "--model-scatter takes three values > 0"),
+    (["--bag-scatter", "4.3,3.1"], "--bag-scatter takes three values > 0"),
 ])
 def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, message):
     with pytest.raises(SystemExit) as e:
@@ -171,6 +174,7 @@ def test_bag_fit_flag_mistakes_are_usage_errors(tmp_path, capsys, no_fit, argv, 
     (dict(estimator="adjoint"), "estimator must be one of spline, rest"),
     (dict(model_scatter_mm=(1.7, 0.0, 1.0)), "model_scatter_mm must be three values > 0"),
     (dict(model_scatter_mm=(1.7, 3.3)), "model_scatter_mm must be three values > 0"),
+    (dict(bag_scatter_mm=(4.3, float("nan"), 4.9)), "bag_scatter_mm must be three values > 0"),
 ])
 def test_bag_fit_options_are_checked_before_any_run(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
@@ -248,7 +252,7 @@ def test_bag_fit_takes_the_specification_in_millimetres(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(bag_rest_fit, "fit_bag_rest", lambda out, targets, options: seen.update(targets=targets) or
-                        dict(fitted=None, failed="not run", outside_reach=None, misfit=None))
+                        dict(fitted=None, failed="not run", outside_reach=None, misfit=None, history_bias=None))
     main(["fit", "--scene", "bag", "--quiet", "--out", str(tmp_path / "o"),
           "--neck-x-mm", "38.83", "--neck-y-mm", "37.20", "--flap-mm", "18.43"])
     np.testing.assert_allclose(seen["targets"], SPEC_TARGETS, rtol=1e-12)
