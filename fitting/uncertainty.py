@@ -141,7 +141,8 @@ def scatter_budget(J_mm, names, values, scatter_mm, *, effective_runs: float, ru
     Per parameter and relative 1σ goal g, ``runs_per_node_for`` gives the fewest runs per
     node whose interval reaches g (1 where one run already does). It is None where no
     number of runs does: a parameter the measurements cannot see, or a shared part of the
-    scatter (√(s² − w²)) whose interval alone, ``floor_sigma_log``, is wider than g. Without
+    scatter (√(s² − w²)) whose interval alone, ``floor_sigma_log``, is wider than g (or that
+    leaves g out of reach within MAX_RUNS_PER_NODE runs). Without
     a measured spread, K = ⌈(σ_z,1 / log(1 + g))²⌉ with σ_z,1 the interval of one run per
     node. It treats the runs' scatter as independent between nodes, which neighbouring
     runs that share a pleat pattern are not, so it gives the order, not a bound.
