@@ -144,8 +144,9 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
 
     Raises:
         ValueError, FileNotFoundError, OSError: refused options (:func:`check_ensemble_options`),
-            a bad resume state, an end with no step left, an unwritable ``out``; all before
-            any step is taken.
+            a bad resume state, an end with no step left, an unwritable ``out`` (over several
+            processes in every process, when process 0 cannot write it); all before any step
+            is taken.
     """
     import contextlib
 
@@ -169,8 +170,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     n_total = int(round(until / sc.dt))
     if n_total <= step:
         raise ValueError(f"--until {until:g} s leaves no step to run after t = {step * sc.dt:.4f} s")
-    if lead:
-        runfolder.prepare(options.out)
+    _prepare_in_lead(options.out, lead)
     plist = [sc.params] * members if params is None else [check_params(p) for p in params]
     stacked = stack(plist)
     t_unfold = sc.choreography.track("unfold").t_off
@@ -245,6 +245,23 @@ def _broadcast(x: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.broadcast_one_to_all(x))
+
+
+def _prepare_in_lead(out: str, lead: bool) -> None:
+    """Process 0 prepares the run folder ``out``; when it cannot, every process raises
+    before any step, not only process 0 (the others would wait for it in the program)."""
+    import jax
+
+    failure = None
+    if lead:
+        try:
+            runfolder.prepare(out)
+        except (OSError, ValueError) as e:
+            failure = e
+    if jax.process_count() > 1 and not _broadcast(np.array([failure is None], np.int64))[0] and not lead:
+        raise OSError(f"process 0 could not prepare the run folder {out!r}; its error names why")
+    if failure is not None:
+        raise failure
 
 
 def _shared_audits(audits: list | None, frames: list) -> list:

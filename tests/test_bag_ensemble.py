@@ -168,9 +168,12 @@ def test_a_process_other_than_the_first_writes_nothing_and_returns_the_first_one
     monkeypatch.setattr(E, "ensemble_rollout", stand_in_rollout([]))
     lead = BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "lead"), until=8.60, save_every=2, **BASE), 2)
     first = lead.summary["members"]
-    sent = []
+    sent, prepared = [], []
 
-    def from_process_0(x):   # what process 0 holds, in the order the members' fields go out
+    def from_process_0(x):   # what process 0 holds: its folder prepared, then the members' fields in order
+        if not prepared:
+            prepared.append(x.copy())
+            return np.ones_like(x)
         j, i = divmod(len(sent), len(BE.AUDIT_FIELDS))
         k = BE.AUDIT_FIELDS[i][0]
         sent.append((x.shape, x.dtype))
@@ -189,6 +192,7 @@ def test_a_process_other_than_the_first_writes_nothing_and_returns_the_first_one
     assert not (tmp_path / "other").exists()
     err = capsys.readouterr().err
     assert "step 12/24" not in err and "member 1 stopped" in err
+    assert prepared[0].tolist() == [1]   # this process had no folder to prepare: it sends "prepared"
     assert [shape for shape, _ in sent] == [(m["audit"]["frames"],) for m in first for _ in BE.AUDIT_FIELDS]
     assert [str(dt) for _, dt in sent] == [str(np.dtype(dt)) for _ in first for _, dt in BE.AUDIT_FIELDS]
     s = other.summary
@@ -197,6 +201,22 @@ def test_a_process_other_than_the_first_writes_nothing_and_returns_the_first_one
     assert s["members"][0]["audit"] == first[0]["audit"]
     assert s["failure"] == lead.summary["failure"] and not other.ok
     assert s["members"][1]["measurements"] == first[1]["measurements"]
+
+
+def test_a_run_folder_process_0_cannot_write_stops_every_process_before_any_step(monkeypatch, tmp_path):
+    """Over several processes, when process 0 cannot prepare --out (its broadcast says so),
+    another process raises too, naming process 0, before the program runs: it does not
+    wait in the program for a process that has gone."""
+    import jax
+
+    calls = []
+    monkeypatch.setattr(E, "ensemble_rollout", stand_in_rollout(calls))
+    monkeypatch.setattr(BE, "_broadcast", lambda x: np.zeros_like(x))   # process 0: not prepared
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(OSError, match="process 0 could not prepare the run folder"):
+        BE.run_bag_ensemble(BagRunOptions(out=str(tmp_path / "o"), until=8.60, **BASE), 2)
+    assert calls == [] and not (tmp_path / "o").exists()
 
 
 def test_the_process_flags_go_together_and_with_an_ensemble(capsys):
