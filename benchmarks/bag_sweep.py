@@ -121,8 +121,7 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100,
     (:func:`fitting.uncertainty.one_bag`: the tape's 0.5 mm, one bag's own scatter
     ``bag_scatter_mm``, default BAG_SCATTER_MM, and the model's)."""
     from fitting.smoothing import effective_runs, lattice_support
-    from fitting.uncertainty import (BAG_SCATTER_MM, DEFAULT_NOISE, MODEL_SCATTER_MM, node_scatter, one_bag,
-                                     scatter_budget)
+    from fitting.uncertainty import BAG_SCATTER_MM, DEFAULT_NOISE, MODEL_SCATTER_MM, one_bag, scatter_budget
 
     Y, _, smoothed = _lattice(folder, param, int(width))
     us = np.arange(min(Y) * per_step, max(Y) * per_step + 1) / per_step
@@ -154,7 +153,7 @@ def recover(folder, param="youngs_modulus", width: int = 2, per_step: int = 100,
         miss = math.log(c["factor"] / found)
         ob = one_bag(curve[i][2][:, None], (param,), {param: found}, DEFAULT_NOISE * 1e3,
                      BAG_SCATTER_MM if bag_scatter_mm is None else bag_scatter_mm,
-                     node_scatter(scatter, within_mm, runs_per_node), effective_runs=eff)["interval_1sigma"][param]
+                     budget["node_scatter_mm"], effective_runs=eff)["interval_1sigma"][param]
         extra = {key: v for key, v in c.items() if key not in ("factor", "y_mm")}
         rows.append(dict(extra, factor=c["factor"], y_mm=np.asarray(c["y_mm"]).tolist(), found=found,
                          error=math.exp(-miss) - 1.0, loss_mm2=float(L[i]), at_scan_end=bool(i in (0, len(U) - 1)),
@@ -269,7 +268,7 @@ def main(argv=None):
     ap.add_argument("--recover", action="store_true", help="take each run of OUT/sweep.jsonl as a fit's targets "
                     "and print where the smoothed loss is smallest (one run's scatter in a fit to one bag)")
     ap.add_argument("--targets", metavar="FILE", help="recover: JSON lines with the truth's factor and y_mm "
-                    "(e.g. docs/figures/whole_history_E_35.jsonl) as the targets, in place of the sweep's own runs")
+                    "(e.g. docs/figures/bag_sweep_E_whole/sweep.jsonl) as the targets, in place of the sweep's own runs")
     ap.add_argument("--runs-per-node", type=int, default=1, help="recover: the interval of K runs per node")
     ap.add_argument("--within", help="recover: the K runs' measured spread, mm (neck x, neck y, flap); default "
                     "none measured, the runs assumed independent")
@@ -289,17 +288,21 @@ def main(argv=None):
         return
     if a.recover:
         targets = None if a.targets is None else [json.loads(line) for line in open(a.targets) if line.strip()]
-        within = None if a.within is None else [float(v) for v in a.within.split(",")]
-        if within is not None and len(within) != 3:
-            ap.error(f"--within takes three spreads in mm (neck x, neck y, flap); got {a.within!r}")
+        def three(flag, text, zero_ok=False):   # "X,Y,F" in mm: finite, > 0 (≥ 0 where zero_ok)
+            try:
+                v = None if text is None else [float(t) for t in text.split(",")]
+            except ValueError:
+                v = []
+            if v is not None and (len(v) != 3 or not all(math.isfinite(x) and (x > 0 or zero_ok and x == 0)
+                                                         for x in v)):
+                ap.error(f"{flag} takes three values {'≥' if zero_ok else '>'} 0 in mm (neck x, neck y, flap); "
+                         f"got {text!r}")
+            return v
+
         if a.runs_per_node < 1:
             ap.error(f"--runs-per-node must be ≥ 1; got {a.runs_per_node}")
-        scatter = None if a.model_scatter is None else [float(v) for v in a.model_scatter.split(",")]
-        if scatter is not None and (len(scatter) != 3 or min(scatter) <= 0):
-            ap.error(f"--model-scatter takes three scatters > 0 mm (neck x, neck y, flap); got {a.model_scatter!r}")
-        bag = None if a.bag_scatter is None else [float(v) for v in a.bag_scatter.split(",")]
-        if bag is not None and (len(bag) != 3 or min(bag) <= 0):
-            ap.error(f"--bag-scatter takes three scatters > 0 mm (neck x, neck y, flap); got {a.bag_scatter!r}")
+        within = three("--within", a.within, zero_ok=True)
+        scatter, bag = three("--model-scatter", a.model_scatter), three("--bag-scatter", a.bag_scatter)
         r = recover(a.out, a.param, a.width, targets=targets, scatter_mm=scatter, runs_per_node=a.runs_per_node,
                     within_mm=within, bag_scatter_mm=bag)
         for t in r["failed_targets"]:

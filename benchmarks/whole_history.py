@@ -2,7 +2,7 @@
 tie checkpoint (made at 315 MPa) have never seen.
 
     python3 benchmarks/whole_history.py --factors 1.104,1.346 --out runs/whole_E \
-        --jsonl docs/figures/whole_history_E_35.jsonl [--workers 2]
+        --jsonl docs/figures/bag_sweep_E_whole/sweep.jsonl [--workers 2]
     python3 benchmarks/whole_history.py --summaries RUN/summary.json ... --jsonl FILE
 
 The first form runs the whole protocol (t = 0 to 10.50 s, ``ipcjax bag --youngs-modulus
@@ -69,16 +69,8 @@ def _run(task):
     from scenes.bag_run import BagRunOptions, run_bag
 
     params = Params.film_defaults(youngs_modulus=factor * float(Params.film_defaults().youngs_modulus))
-    s = NodeCache.finished(out, params, PROTOCOLS["full"].t_end)
-    if s is None:   # a run that failed at this E fails again: read back too, not rerun
-        try:
-            with open(os.path.join(out, "summary.json")) as f:
-                old = json.load(f)
-            same = all(math.isclose(old["params"][n], float(getattr(params, n)), rel_tol=1e-12)
-                       for n in ("youngs_modulus", "friction", "bending_scale"))
-            s = old if same and old.get("failure") and old.get("perturbation") is None else None
-        except (OSError, ValueError, KeyError):
-            s = None
+    # a run that failed at this E fails again: read back too, not rerun
+    s = NodeCache.finished(out, params, PROTOCOLS["full"].t_end, failed=True)
     if s is None:
         t0 = time.perf_counter()
         s = run_bag(BagRunOptions(out=out, params=params, mesh_every=0, pictures=False, progress=False)).summary

@@ -193,11 +193,13 @@ class NodeCache:
         return os.path.join(self.root, name + (f"_member{int(member)}" if member else ""))
 
     @staticmethod
-    def finished(run_dir: str, params, t_end: float, perturbation: dict | None = None) -> dict | None:
+    def finished(run_dir: str, params, t_end: float, perturbation: dict | None = None, *,
+                 failed: bool = False) -> dict | None:
         """The summary (summary.json) of the run in ``run_dir`` if it reached ``t_end`` (s)
         with ``params`` (a :class:`ipcjax.model.Params`; BAG_NAMES compared) and the start
         kick ``perturbation`` (:func:`scenes.perturb.describe`; None: none) and did not
-        fail, else None (the class docstring's rules)."""
+        fail, else None (the class docstring's rules). With ``failed`` a run with those
+        parameters and kick that failed is returned too: it would fail again."""
         try:
             with open(os.path.join(run_dir, "summary.json")) as f:
                 s = json.load(f)
@@ -207,7 +209,8 @@ class NodeCache:
                    for n in BAG_NAMES)
         reached = abs(float(s.get("simulated_s", -1.0)) - t_end) < 1e-6
         kicked = s.get("perturbation") == perturbation
-        return s if same and reached and kicked and not s.get("failure") else None
+        ended = (reached and not s.get("failure")) or (failed and bool(s.get("failure")))
+        return s if same and kicked and ended else None
 
 
 def full_z(names, z) -> np.ndarray:

@@ -258,8 +258,10 @@ def _prepare_in_lead(out: str, lead: bool) -> None:
             runfolder.prepare(out)
         except (OSError, ValueError) as e:
             failure = e
-    if jax.process_count() > 1 and not _broadcast(np.array([failure is None], np.int64))[0] and not lead:
-        raise OSError(f"process 0 could not prepare the run folder {out!r}; its error names why")
+    if jax.process_count() > 1:   # every process joins the broadcast, process 0 included
+        prepared = bool(_broadcast(np.array([failure is None], np.int64))[0])
+        if not prepared and not lead:
+            raise OSError(f"process 0 could not prepare the run folder {out!r}; its error names why")
     if failure is not None:
         raise failure
 

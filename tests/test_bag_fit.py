@@ -399,8 +399,15 @@ def test_node_cache_reuses_a_run_only_if_it_finished_with_the_same_params_and_en
     assert finished(t_end=10.5 + 2e-6) is None and finished(t_end=8.4) is None
     assert finished(p._replace(youngs_modulus=400e6 * (1 + 1e-9))) is None
     assert finished(Params.film_defaults(youngs_modulus=400e6, friction=0.3)) is None
-    (run / "summary.json").write_text(json.dumps(dict(summary, failure=dict(reason="step failed", time_s=9.0))))
+    failed = dict(summary, failure=dict(reason="step failed", time_s=9.0), simulated_s=9.0)
+    (run / "summary.json").write_text(json.dumps(failed))
     assert finished() is None
+    # asked for, a failed run with the same params is read back (it would fail again); never another's
+    assert bag_nodes.NodeCache.finished(str(run), p, 10.5, failed=True) == failed
+    assert bag_nodes.NodeCache.finished(str(run), p._replace(youngs_modulus=401e6), 10.5, failed=True) is None
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert bag_nodes.NodeCache.finished(str(run), p, 10.5, failed=True) == summary   # a finished run too
+    assert bag_nodes.NodeCache.finished(str(run), p, 8.4, failed=True) is None
     # an ensemble member's run: reused only for the same kick (rms and seed), never for none
     from scenes.perturb import describe
 
