@@ -1,4 +1,4 @@
-"""The bag's Newton systems solved by the library's host LDLᵀ and by KLU inside XLA (issue #30).
+"""The bag's Newton systems solved by the library's host solve, by QDLDL and by KLU inside XLA (issue #30).
 
     python3 -m pip install klujax==0.5.2   # not a dependency of ipcjax: only this comparison uses it
     python3 benchmarks/sparse_solvers.py [--state scenes/data/bag_full_tie.npz] [--repeat 15]
@@ -8,9 +8,10 @@ blocks and right-hand sides that the step's Newton iterations hand to the host
 (``ipcjax.ldl.host_solve``). Then, for the first, a middle and the last of them, the best
 of ``--repeat`` calls of:
 
-* ``host_solve``: what the library does (upper-triangle CSC from the blocks, AMD ordering
-  and QDLDL factorization, solve), and its factorization alone (``qdldl.Solver`` on the
-  ready CSC matrix);
+* ``host_solve``: what the library does (upper-triangle CSC from the blocks, CHOLMOD's
+  supernodal Cholesky with its analysis kept per pattern, solve), and QDLDL's ordering and
+  factorization of the same ready CSC matrix (``qdldl.Solver``: the library's host
+  factorization before #30's change to CHOLMOD, and still its LDLᵀ for indefinite H);
 * ``klujax.solve`` under ``jax.jit``: KLU (BTF, AMD, partial pivoting) inside XLA as an FFI
   custom call, with no host round trip, on the full symmetric matrix in coordinate form,
   duplicates already summed (klujax needs them so, and its ``coalesce`` cannot be jitted:

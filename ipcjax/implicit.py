@@ -26,7 +26,8 @@ The linear solve is the ``solve`` of the same solver object the Newton direction
 (LU for the exact Hessian, Cholesky for the projected one); CG solves with block-Jacobi
 PCG on the element blocks, never forming H (at a minimiser the exact ∇²Φ is positive
 semidefinite, and the inertia makes it definite); the sparse one factorizes the sparse
-H by LDLᵀ on the host (:mod:`ipcjax.ldl`). A solve that fails (a singular LU, a zero
+H on the host (:mod:`ipcjax.ldl`: CHOLMOD's Cholesky for the projected
+Hessian, QDLDL's LDLᵀ for the exact one). A solve that fails (a singular LU, a zero
 pivot, a non-positive one for the projected Hessian, CG short of its tolerance) gives a
 NaN solution and its :class:`~ipcjax.result.LinearStatus`, and a host check then raises
 :class:`BackwardFailed` naming that status rather than hand back a NaN (or silently

@@ -1,4 +1,4 @@
-"""Sparse direct solve of H u = b from the element blocks: LDLᵀ on the host, reached from ``jit``.
+"""Sparse direct solve of H u = b from the element blocks, on the host, reached from ``jit``.
 
 ``config.linear_solver = "sparse"`` selects it, as :class:`ipcjax.linear_solvers.SparseLDL`,
 the object the Newton direction and the implicit VJP both call. The film's Hessian is
@@ -15,17 +15,23 @@ host function
    built once per set of rows and kept (:class:`StaticPattern`); the other groups
    (contacts, friction, supports, ties) in coordinate form without the exact zeros of
    unused (padded) contact rows, duplicates summed, added to it;
-2. factorizes it as P H Pᵀ = L D Lᵀ with QDLDL (``qdldl``: approximate-minimum-degree
-   ordering P, no pivoting) and solves.
+2. where H must be positive definite (the Newton direction, the projected implicit
+   solve), factorizes it as P H Pᵀ = L Lᵀ with CHOLMOD's supernodal Cholesky
+   (``cvxopt.cholmod``), whose symbolic analysis (AMD ordering P, supernodes) is kept
+   per pattern: within a step the pattern repeats until a stencil enters or leaves d̂
+   (:func:`cholmod_solve`); a factorization that fails is retried by QDLDL's LDLᵀ,
+   which names why (below);
+3. otherwise (the exact implicit Hessian, which may be indefinite away from a
+   minimiser) factorizes it as P H Pᵀ = L D Lᵀ with QDLDL (``qdldl``: AMD ordering, no
+   pivoting), and solves.
 
-Without pivoting, the pivots D are those of a Cholesky factorization squared into the
-diagonal, so H is positive definite exactly when every D > 0. With ``require_pd`` (the
-Newton direction and the projected implicit solve) a pivot ≤ 0 is a failure, like a
-failed Cholesky; otherwise (the exact implicit Hessian, which may be indefinite away from
-a minimiser) only a zero or non-finite pivot is. A failure returns NaNs and its
-:class:`~ipcjax.result.LinearStatus` (non-finite input, singular, not positive definite):
-the Newton loop reports it as ``FACTORIZATION_FAILED`` and the backward pass raises
-``BackwardFailed`` naming it, never a silently wrong answer.
+Without pivoting, QDLDL's pivots D are those of a Cholesky factorization squared into
+the diagonal, so H is positive definite exactly when every D > 0: a zero pivot is
+SINGULAR, a negative one NOT_POSITIVE_DEFINITE where the solve needs H > 0; without that
+requirement only a zero or non-finite pivot is a failure. A failure returns NaNs and its
+:class:`~ipcjax.result.LinearStatus` (non-finite input, singular, not positive
+definite): the Newton loop reports it as ``FACTORIZATION_FAILED`` and the backward pass
+raises ``BackwardFailed`` naming it, never a silently wrong answer.
 
 The callback has no derivative rule and needs none: the Newton solve is differentiated
 by the implicit-function VJP (:mod:`ipcjax.implicit`), whose backward solve calls this
@@ -166,11 +172,82 @@ def upper_csc(diag, rows, blocks):
     return U
 
 
-def host_solve(diag, rows, blocks, rhs, require_pd=True):
-    """Host: (u, status) for H u = rhs by sparse LDLᵀ; u is NaN where the
-    :class:`~ipcjax.result.LinearStatus` ``status`` is not SUCCESSFUL."""
-    import qdldl
+#: Symbolic analyses (ordering, supernodes) kept, keyed on the CSC pattern: within a step
+#: the pattern repeats while no stencil enters or leaves d̂ and the friction set is frozen.
+_ANALYSIS_CACHE_SIZE = 4
+_ANALYSES: dict = {}
 
+
+def _analysis(U):
+    """(CHOLMOD's symbolic factor, row and column index vectors) of U's pattern, kept."""
+    from cvxopt import cholmod, matrix, spmatrix
+
+    key = (U.shape[0], hashlib.blake2b(U.indptr.tobytes() + U.indices.tobytes(), digest_size=16).digest())
+    hit = _ANALYSES.get(key)
+    if hit is None:
+        n = U.shape[0]
+        rows = matrix(U.indices.astype(np.int64))
+        cols = matrix(np.repeat(np.arange(n, dtype=np.int64), np.diff(U.indptr)))
+        A = spmatrix(matrix(U.data), rows, cols, (n, n))
+        with _CholmodOptions():
+            F = cholmod.symbolic(A, uplo="U")
+        if len(_ANALYSES) >= _ANALYSIS_CACHE_SIZE:
+            _ANALYSES.pop(next(iter(_ANALYSES)))
+        hit = _ANALYSES[key] = (F, rows, cols)
+    return hit
+
+
+class _CholmodOptions:
+    """CHOLMOD's options for this module's factorizations (supernodal LLᵀ), restored after:
+    ``cvxopt.cholmod.options`` is one dict for the whole process."""
+
+    def __enter__(self):
+        from cvxopt import cholmod
+
+        self.saved = dict(cholmod.options)
+        cholmod.options.clear()
+        cholmod.options.update(supernodal=2)
+
+    def __exit__(self, *exc):
+        from cvxopt import cholmod
+
+        cholmod.options.clear()
+        cholmod.options.update(self.saved)
+
+
+def cholmod_solve(U, rhs):
+    """Host: u for U u = rhs by CHOLMOD's supernodal Cholesky (``cvxopt.cholmod``), U the
+    finite upper triangle (scipy CSC, sorted) of a symmetric matrix; None where CHOLMOD
+    finds it not positive definite (a pivot ≤ 0). The symbolic analysis (AMD ordering,
+    supernodes) is kept per pattern (:func:`_analysis`); only the numeric factorization
+    and the triangular solves run for a pattern seen before."""
+    from cvxopt import cholmod, matrix, spmatrix
+
+    F, rows, cols = _analysis(U)
+    n = U.shape[0]
+    A = spmatrix(matrix(U.data), rows, cols, (n, n))
+    b = matrix(np.array(rhs, np.float64, copy=True))
+    try:
+        with _CholmodOptions():
+            cholmod.numeric(A, F)
+    except ArithmeticError:
+        return None
+    cholmod.solve(F, b)
+    return np.asarray(b, np.float64).reshape(rhs.shape)
+
+
+def host_solve(diag, rows, blocks, rhs, require_pd=True):
+    """Host: (u, status) for H u = rhs; u is NaN where the
+    :class:`~ipcjax.result.LinearStatus` ``status`` is not SUCCESSFUL.
+
+    With ``require_pd`` (the Newton direction, the projected implicit solve) by CHOLMOD's
+    supernodal Cholesky (:func:`cholmod_solve`); where CHOLMOD finds H not positive
+    definite, QDLDL's LDLᵀ of the same matrix names the failure (a zero pivot: SINGULAR,
+    a negative one: NOT_POSITIVE_DEFINITE) and, should every pivot be positive there
+    after all (a matrix at the edge of definiteness, where the two round differently),
+    gives the answer. Without it (the exact implicit Hessian, which may be indefinite)
+    by QDLDL's LDLᵀ, where only a zero or non-finite pivot is a failure.
+    """
     rhs = np.asarray(rhs, np.float64)
 
     def fail(status):
@@ -179,19 +256,32 @@ def host_solve(diag, rows, blocks, rhs, require_pd=True):
     U = upper_csc(diag, rows, blocks)
     if not (np.all(np.isfinite(U.data)) and np.all(np.isfinite(rhs))):
         return fail(LinearStatus.NON_FINITE_INPUT)
-    try:
-        solver = qdldl.Solver(U, upper=True)
-    except (ValueError, RuntimeError):  # a zero pivot
-        return fail(LinearStatus.SINGULAR)
-    D = solver.factors()[1]
-    if not np.all(np.isfinite(D)) or np.any(D == 0):
-        return fail(LinearStatus.SINGULAR)
-    if require_pd and np.any(D < 0):
-        return fail(LinearStatus.NOT_POSITIVE_DEFINITE)
-    u = solver.solve(rhs)
+    u = cholmod_solve(U, rhs) if require_pd else None
+    if u is None:
+        u, status = _qdldl_solve(U, rhs, require_pd)
+        if status != LinearStatus.SUCCESSFUL:
+            return fail(status)
     if not np.all(np.isfinite(u)):
         return fail(LinearStatus.SINGULAR)
     return u, np.int32(LinearStatus.SUCCESSFUL)
+
+
+def _qdldl_solve(U, rhs, require_pd):
+    """Host: (u, status) by QDLDL's LDLᵀ (AMD ordering, no pivoting) of the finite upper
+    triangle U; a pivot D ≤ 0 is a failure with ``require_pd``, otherwise only D = 0 or a
+    non-finite one."""
+    import qdldl
+
+    try:
+        solver = qdldl.Solver(U, upper=True)
+    except (ValueError, RuntimeError):  # a zero pivot
+        return None, LinearStatus.SINGULAR
+    D = solver.factors()[1]
+    if not np.all(np.isfinite(D)) or np.any(D == 0):
+        return None, LinearStatus.SINGULAR
+    if require_pd and np.any(D < 0):
+        return None, LinearStatus.NOT_POSITIVE_DEFINITE
+    return solver.solve(rhs), LinearStatus.SUCCESSFUL
 
 
 def sparse_solve(hb: HessianBlocks, rhs, require_pd: bool = True):

@@ -21,8 +21,9 @@ call the same objects; :func:`linear_solver` gives the one ``Config`` names.
 ``"dense"``     :class:`DenseCholesky`        direction: Cholesky of D H D, D = diag(H)^(−½);
                                               solve: LU (exact H, possibly indefinite away
                                               from a minimiser) or Cholesky (projected)
-``"sparse"``    :class:`SparseLDL`            host LDLᵀ of the sparse H (:mod:`ipcjax.ldl`);
-                                              a pivot ≤ 0 fails (a zero one for exact H)
+``"sparse"``    :class:`SparseLDL`            host sparse Cholesky (projected H) or LDLᵀ
+                                              (exact H) (:mod:`ipcjax.ldl`); a pivot ≤ 0
+                                              fails (a zero one for exact H)
 ``"cg"``        :class:`BlockJacobiCG`        block-Jacobi PCG on the blocks, never forming
                                               H; missing the tolerance fails
 =============== ============================= ============================================
@@ -141,7 +142,8 @@ class DenseCholesky(LinearSolver):
 # --------------------------------------------------------------------------- sparse
 
 class SparseLDL(LinearSolver):
-    """The sparse Hessian factorized as P H Pᵀ = L D Lᵀ on the host (:mod:`ipcjax.ldl`)."""
+    """The sparse Hessian factorized on the host (:mod:`ipcjax.ldl`): P H Pᵀ = L Lᵀ by CHOLMOD where
+    H must be positive definite, P H Pᵀ = L D Lᵀ by QDLDL for the exact implicit Hessian."""
 
     name = "sparse"
 

@@ -256,7 +256,7 @@ class Config:
     Cholesky; ``"cg"`` never forms it and solves with block-Jacobi preconditioned
     conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
     within ``cg_max_iterations`` (not reaching it is a failed factorization);
-    ``"sparse"`` factorizes the sparse Hessian by LDLᵀ on the host (:mod:`ipcjax.ldl`,
+    ``"sparse"`` factorizes the sparse Hessian on the host (:mod:`ipcjax.ldl`,
     exact like ``"dense"``, without the (3F)² matrix). ``line_search_expansions`` (static,
     0–16; 0 is the specification's line search): after a full Newton step that lowered Φ
     by at least :data:`ipcjax.line_search.EXPAND_RATIO` of |∇Φ·Δx|, up to that many

@@ -440,6 +440,42 @@ def test_sparse_solve_tells_indefinite_from_singular(contact_system):
     assert int(status) == LinearStatus.SINGULAR and np.all(np.isnan(np.asarray(u)))
 
 
+def test_the_positive_definite_solve_is_cholmods_keeps_its_analysis_and_names_its_failures(contact_system):
+    """require_pd goes through CHOLMOD's supernodal Cholesky: its answer is QDLDL's to
+    round-off; one symbolic analysis serves every matrix of one pattern; cvxopt's global
+    options are left as found; a singular matrix, which CHOLMOD only calls "not positive
+    definite", is named SINGULAR by QDLDL, an indefinite one NOT_POSITIVE_DEFINITE."""
+    from cvxopt import cholmod
+
+    _, hb = contact_system(False)
+    d, rows, blocks = (np.asarray(hb.diag), [np.asarray(r) for r in hb.rows], [np.asarray(b) for b in hb.blocks])
+    H = np.asarray(dense_hessian(hb))
+    rhs = np.random.default_rng(7).normal(size=H.shape[0])
+    U = upper_csc(d, rows, blocks)
+    ldl._ANALYSES.clear()
+    cholmod.options["supernodal"] = 0  # somebody else's setting
+    u = ldl.cholmod_solve(U, rhs)
+    assert cholmod.options == {"supernodal": 0}
+    del cholmod.options["supernodal"]
+    u_q, status = ldl._qdldl_solve(U, rhs, True)
+    assert u is not None and status == LinearStatus.SUCCESSFUL
+    assert_nonzero(u)
+    assert rel_err(u, u_q) < 1e-12 and rel_err(u, np.linalg.solve(H, rhs)) < 1e-10
+    u2 = ldl.cholmod_solve(upper_csc(2.0 * d, rows, [2.0 * b for b in blocks]), rhs)  # same pattern
+    assert len(ldl._ANALYSES) == 1 and rel_err(u2, 0.5 * u) < 1e-12
+    # failures: CHOLMOD gives up (None), host_solve names why
+    F3 = H.shape[0]
+    sing = upper_csc(np.where(np.arange(F3) == 0, 0.0, d), [np.where(r == 0, F3 + 5, r) for r in rows], blocks)
+    assert ldl.cholmod_solve(sing, rhs) is None
+    u, status = ldl.host_solve(np.where(np.arange(F3) == 0, 0.0, d), [np.where(r == 0, F3 + 5, r) for r in rows],
+                               blocks, rhs, True)
+    assert status == LinearStatus.SINGULAR and np.all(np.isnan(u))
+    _, hb_x = contact_system(True)
+    u, status = ldl.host_solve(np.asarray(hb_x.diag), [np.asarray(r) for r in hb_x.rows],
+                               [np.asarray(b) for b in hb_x.blocks], rhs, True)
+    assert status == LinearStatus.NOT_POSITIVE_DEFINITE and np.all(np.isnan(u))
+
+
 def test_sparse_solve_rejects_non_finite_input(contact_system):
     g, hb = contact_system(False)
     d = SparseLDL().direction(g.at[4].set(jnp.nan), hb)
