@@ -142,19 +142,31 @@ def audit_frame(x, film_triangles, sphere_index=(), sphere_radius=(), search=5e-
         if keep.any():
             t = tris[ti[keep]]
             mff = float(_point_triangle_dist(x[vi[keep]], x[t[:, 0]], x[t[:, 1]], x[t[:, 2]]).min())
-    mfs = np.inf
+    return FrameAudit(int(len(hits)), mff, _min_film_sphere(x, tris, (lo_t, hi_t), sphere_index, sphere_radius,
+                                                            search=search))
+
+
+def _min_film_sphere(x, tris, boxes, sphere_index, sphere_radius, *, search):
+    """Smallest sphere-surface–triangle distance (m) among pairs whose boxes lie within
+    ``search``; +inf with no such pair or no sphere."""
     sphere_index = np.asarray(sphere_index, dtype=np.int64).reshape(-1)
     sphere_radius = np.asarray(sphere_radius, dtype=np.float64).reshape(-1)
-    if sphere_index.size:
-        c = x[sphere_index]
-        r = sphere_radius
-        pairs = _box_pairs(c - (r + search)[:, None], c + (r + search)[:, None], lo_t, hi_t)
-        if len(pairs):
-            s, ti = pairs[:, 0], pairs[:, 1]
-            t = tris[ti]
-            d = _point_triangle_dist(c[s], x[t[:, 0]], x[t[:, 1]], x[t[:, 2]]) - r[s]
-            mfs = float(d.min())
-    return FrameAudit(int(len(hits)), mff, mfs)
+    if not sphere_index.size:
+        return np.inf
+    c, r = x[sphere_index], sphere_radius
+    pairs = _box_pairs(c - (r + search)[:, None], c + (r + search)[:, None], *boxes)
+    if not len(pairs):
+        return np.inf
+    s, t = pairs[:, 0], tris[pairs[:, 1]]
+    return float((_point_triangle_dist(c[s], x[t[:, 0]], x[t[:, 1]], x[t[:, 2]]) - r[s]).min())
+
+
+def min_film_sphere(x, film_triangles, sphere_index, sphere_radius, search=5e-3) -> float:
+    """:func:`audit_frame`'s ``min_film_sphere`` of one frame alone (m), without its
+    intersection test and film–film distance."""
+    x = np.asarray(x, dtype=np.float64)
+    tris = as_triangles(film_triangles, x.shape[0])
+    return _min_film_sphere(x, tris, _boxes(x, tris), sphere_index, sphere_radius, search=search)
 
 
 def audit_trajectory(frames, film_triangles, sphere_index=(), sphere_radius=(), search=5e-3):

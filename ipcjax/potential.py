@@ -189,10 +189,11 @@ class Membrane(EnergyTerm):
         mu, lam = membrane_coefficients(params)
         Xt = x[model.film_triangles]
         memb = _memb.membrane_model(config.membrane)
-        projection = PSDProjection.NONE if how.exact else PSDProjection.PER_ELEMENT
         g_el = jax.vmap(memb.gradient, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam)
-        H_el = jax.vmap(memb.element_hessian(projection), in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area,
-                                                                                mu, lam)
+        if how.exact:
+            H_el = jax.vmap(memb.hessian, in_axes=MEMBRANE_AXES)(Xt, model.dm_inv, model.rest_area, mu, lam)
+        else:  # every element's PSD tangent at once (no eigendecomposition where Q is PSD)
+            H_el = memb.hessians_psd(Xt, model.dm_inv, model.rest_area, mu, lam)
         return Elements(model.film_triangles, g_el, H_el)
 
 

@@ -406,8 +406,9 @@ def sphere_motion(spheres, times, span: float = 1.10):
 
 def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, *, span: float | None = None):
     """Smallest film–sphere surface distance (m) over the frames (optionally only the final
-    ``span`` s), by :func:`ipcjax.audit.audit_frame`."""
-    from ipcjax.audit import audit_frame
+    ``span`` s), by :func:`ipcjax.audit.min_film_sphere` (the audit's, without its
+    intersection test)."""
+    from ipcjax.audit import min_film_sphere
 
     film, spheres = np.asarray(film), np.asarray(spheres)
     idx = np.arange(len(film)) if span is None else np.flatnonzero(_window(times, span))
@@ -415,8 +416,7 @@ def min_film_sphere_gap(film, spheres, faces, sphere_radius, times=None, *, span
     best = np.inf
     for i in idx:
         x = np.concatenate([film[i], spheres[i]])
-        a = audit_frame(x, faces, np.arange(nf, nf + spheres.shape[1]), sphere_radius)
-        best = min(best, a.min_film_sphere)
+        best = min(best, min_film_sphere(x, faces, np.arange(nf, nf + spheres.shape[1]), sphere_radius))
     return float(best)
 
 

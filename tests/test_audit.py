@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ipcjax.audit import (BackgroundAudit, _box_pairs, audit_frame, audit_trajectory, edge_face_intersections,
-                          segment_triangle_intersect)
+                          min_film_sphere, segment_triangle_intersect)
 from scenes.film import film_grid
 
 
@@ -84,6 +84,9 @@ def test_audit_trajectory_counts_frames_and_distances():
     fa = audit_frame(np.vstack([x_ok, c]), tris, sphere_index=[len(x_ok)], sphere_radius=[0.015])
     ref = min(np.sqrt(ipctk.point_triangle_distance(c[0], *x_ok[t])) for t in tris) - 0.015
     assert abs(fa.min_film_sphere - ref) < 1e-12
+    # the same distance alone (the bag's measurements take it so), and none without a sphere
+    assert min_film_sphere(np.vstack([x_ok, c]), tris, [len(x_ok)], [0.015]) == fa.min_film_sphere
+    assert min_film_sphere(x_ok, tris, [], []) == np.inf
 
 
 def test_background_audit_equals_the_audit_of_all_frames_and_never_drops_a_failure():

@@ -27,6 +27,9 @@ Reference: Bonet & Wood, Nonlinear Continuum Mechanics for FEA, ch. 5-6; Newton
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -323,16 +326,56 @@ def neo_hookean_hessian_psd(X, Dm_inv, area, mu, lam):
 
 
 # ---------------------------------------------------------------------------------------
+# Every element at once: the solver tangents without an eigendecomposition per element
+# ---------------------------------------------------------------------------------------
+def _clamp_where_needed(Q, psd):
+    """Q+ of a batch (E, 3, 3) of symmetric Mandel tangents, those flagged ``psd`` known to
+    be PSD already (Q+ = Q): the eigendecomposition of ``project_psd`` runs only when some
+    are not, and then only its result for those is used."""
+    return jax.lax.cond(jnp.all(psd), lambda Q: Q,
+                        lambda Q: jnp.where(psd[:, None, None], Q, jax.vmap(project_psd)(Q)), Q)
+
+
+def neo_hookean_hessians_psd(Xt, Dm_inv, area, mu, lam):
+    """``neo_hookean_hessian_psd`` of every element, (E, 9, 9) N/m, from Xt (E, 3, 3), Dm_inv
+    (E, 2, 2), area (E,) and the shared mu, lam.
+
+    Q = lam c c^T + 2 (mu - lam log J) T with T the Mandel form of dE -> C^-1 dE C^-1,
+    positive definite for SPD C^-1, and c c^T PSD: so Q is PSD, and Q+ = Q, wherever
+    lam >= 0 and mu - lam log J > 0. That holds for every element at the bag's strains
+    (J < 1.84), and there no element pays for an eigendecomposition of its 3x3 Q (a
+    batched ``eigh`` is a tenth of a Newton iteration's device time). Elsewhere Q+ is
+    ``project_psd(Q)``, as per element.
+    """
+    _, Cinv, logJ, S = jax.vmap(_nh_parts, in_axes=(0, 0, None, None))(Xt, Dm_inv, mu, lam)
+    Q = jax.vmap(_nh_tangent, in_axes=(0, 0, None, None))(Cinv, logJ, mu, lam)
+    Q = _clamp_where_needed(0.5 * (Q + jnp.swapaxes(Q, 1, 2)), (lam >= 0.0) & (mu - lam * logJ > 0.0))
+    return jax.vmap(lambda X, D, a, S, Q: _assemble(X, D, a, positive_part_sym2(S), Q))(Xt, Dm_inv, area, S, Q)
+
+
+def stvk_hessians_psd(Xt, Dm_inv, area, mu, lam):
+    """``stvk_hessian_psd`` of every element, (E, 9, 9) N/m: its Q+ is one matrix for all
+    of them, clamped once."""
+    Q = project_psd(_stvk_tangent(mu, lam, Xt.dtype))
+    S = jax.vmap(lambda X, D: _stvk_stress(X, D, mu, lam)[0])(Xt, Dm_inv)
+    return jax.vmap(lambda X, D, a, S: _assemble(X, D, a, positive_part_sym2(S), Q))(Xt, Dm_inv, area, S)
+
+
+# ---------------------------------------------------------------------------------------
 # The materials as objects
 # ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
 class MembraneModel(ElementModel):
     """A membrane material: element functions of ``(X, Dm_inv, area, mu, lam)``; gradients
-    (3, 3) N, Hessians (9, 9) N/m."""
+    (3, 3) N, Hessians (9, 9) N/m. ``hessians_psd``: ``hessian_psd`` of every element at
+    once, (Xt (E, 3, 3), Dm_inv, area (E, …), mu, lam) -> (E, 9, 9), which the solver calls."""
+
+    hessians_psd: Callable = None
 
 
 NEO_HOOKEAN = MembraneModel("neo_hookean", neo_hookean_energy, neo_hookean_gradient, neo_hookean_hessian,
-                            neo_hookean_hessian_psd)
-STVK = MembraneModel("stvk", stvk_energy, stvk_gradient, stvk_hessian, stvk_hessian_psd)
+                            neo_hookean_hessian_psd, neo_hookean_hessians_psd)
+STVK = MembraneModel("stvk", stvk_energy, stvk_gradient, stvk_hessian, stvk_hessian_psd, stvk_hessians_psd)
 #: The membrane models by name (``Config.membrane``).
 MEMBRANE_MODELS = {m.name: m for m in (NEO_HOOKEAN, STVK)}
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from ipcjax.energies.membrane import (
+    NEO_HOOKEAN,
+    STVK,
     deformation_gradient,
     lame_from_young,
     neo_hookean_energy,
@@ -309,3 +311,28 @@ def test_psd_hessians_jit_and_vmap():
     for fn in (stvk_hessian_psd, neo_hookean_hessian_psd, neo_hookean_energy):
         out = jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, None, None)))(X, Dm_inv, area, MU, LAM)
         assert np.all(np.isfinite(np.asarray(out)))
+
+
+@pytest.mark.parametrize("stretched_too", [False, True])
+def test_every_elements_psd_tangent_at_once_is_each_elements(stretched_too):
+    """``hessians_psd`` (the solver's: Q+ = Q without an eigendecomposition where
+    mu - lam log J > 0) equals ``hessian_psd`` element by element, to round-off: for
+    strains inside the film's range (no element needs the clamp) and with one element
+    stretched past J = exp(mu/lam), which gets the clamp and only it."""
+    cases = [_case(n, 1e-2) for n in DEFORMATIONS]
+    if stretched_too:
+        cases.append(_principal_case(1.2, 1.2))
+    Xr = jnp.asarray(np.stack([c[0] for c in cases]))
+    X = jnp.asarray(np.stack([c[1] for c in cases]))
+    Dm_inv, area = jax.vmap(triangle_rest)(Xr)
+    for model in (NEO_HOOKEAN, STVK):
+        each = np.asarray(jax.vmap(model.hessian_psd, in_axes=(0, 0, 0, None, None))(X, Dm_inv, area, MU, LAM))
+        at_once = np.asarray(jax.jit(model.hessians_psd)(X, Dm_inv, area, MU, LAM))
+        assert_nonzero(at_once)
+        scale = np.max(np.abs(each), axis=(1, 2), keepdims=True)
+        assert np.max(np.abs(at_once - each) / scale) < 1e-13, model.name
+        assert np.linalg.eigvalsh(at_once).min() >= -1e-12 * scale.max()
+    if stretched_too:  # the stretched element's tangent really was clamped
+        exact = np.asarray(neo_hookean_hessian(X[-1], Dm_inv[-1], area[-1], MU, LAM))
+        clamped = np.asarray(NEO_HOOKEAN.hessians_psd(X, Dm_inv, area, MU, LAM))[-1]
+        assert rel_err(clamped, exact) > 1e-3
