@@ -12,6 +12,8 @@ of ``--repeat`` calls of:
   supernodal Cholesky with its analysis kept per pattern, solve), and QDLDL's ordering and
   factorization of the same ready CSC matrix (``qdldl.Solver``: the library's host
   factorization before #30's change to CHOLMOD, and still its LDLᵀ for indefinite H);
+* ``cholmod_solve`` on the same matrix, with its symbolic analysis made anew and with it
+  kept (as the library keeps it while a step's pattern repeats);
 * ``klujax.solve`` under ``jax.jit``: KLU (BTF, AMD, partial pivoting) inside XLA as an FFI
   custom call, with no host round trip, on the full symmetric matrix in coordinate form,
   duplicates already summed (klujax needs them so, and its ``coalesce`` cannot be jitted:
@@ -84,6 +86,13 @@ def compare(system, repeat):
     U = ldl.upper_csc(diag, rows, blocks)
     out["upper_csc_ms"] = best_ms(lambda: ldl.upper_csc(diag, rows, blocks), repeat)
     out["qdldl_order_and_factor_ms"] = best_ms(lambda: qdldl.Solver(U, upper=True), repeat)
+
+    def fresh():  # CHOLMOD with its analysis made anew (a pattern the library has not kept)
+        ldl._ANALYSES.clear()
+        return ldl.cholmod_solve(U, rhs)
+
+    out["cholmod_analysis_factor_and_solve_ms"] = best_ms(fresh, repeat)
+    out["cholmod_factor_and_solve_ms"] = best_ms(lambda: ldl.cholmod_solve(U, rhs), repeat)  # analysis kept
     try:
         import klujax
     except ImportError:
