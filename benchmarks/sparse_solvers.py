@@ -13,7 +13,11 @@ of ``--repeat`` calls of:
   factorization of the same ready CSC matrix (``qdldl.Solver``: the library's host
   factorization before #30's change to CHOLMOD, and still its LDLᵀ for indefinite H);
 * ``cholmod_solve`` on the same matrix, with its symbolic analysis made anew and with it
-  kept (as the library keeps it while a step's pattern repeats);
+  kept (as the library keeps it while a step's pattern repeats); CHOLMOD's analysis and
+  numeric factorization alone, supernodal (the library's) and simplicial (an up-looking
+  LDLᵀ like QDLDL's); and ``cholespy``'s CHOLMOD where it is installed
+  (``python3 -m pip install cholespy==2.2.0``, not a dependency), which analyses and
+  factorizes in one call;
 * ``klujax.solve`` under ``jax.jit``: KLU (BTF, AMD, partial pivoting) inside XLA as an FFI
   custom call, with no host round trip, on the full symmetric matrix in coordinate form,
   duplicates already summed (klujax needs them so, and its ``coalesce`` cannot be jitted:
@@ -93,6 +97,7 @@ def compare(system, repeat):
 
     out["cholmod_analysis_factor_and_solve_ms"] = best_ms(fresh, repeat)
     out["cholmod_factor_and_solve_ms"] = best_ms(lambda: ldl.cholmod_solve(U, rhs), repeat)  # analysis kept
+    out.update(other_factorizations(U, rhs, repeat))
     try:
         import klujax
     except ImportError:
@@ -111,6 +116,49 @@ def compare(system, repeat):
     out["klu_analyze_ms"] = best_ms(lambda: klujax.analyze(Ai, Aj, out["n"]), repeat)
     out["klu_factor_ms"] = best_ms(lambda: klujax.factor(Ai, Aj, Ax, sym), repeat)
     return out
+
+
+def other_factorizations(U, rhs, repeat):
+    """CHOLMOD's simplicial LDLᵀ (``cvxopt``, supernodal off) of the upper triangle U, its
+    analysis and its numeric factorization apart; and ``cholespy``'s CHOLMOD, which
+    analyses and factorizes in one call (timed only where it is installed: not a
+    dependency of ipcjax), ms."""
+    from cvxopt import cholmod, matrix, spmatrix
+
+    n = U.shape[0]
+    cols = np.repeat(np.arange(n, dtype=np.int64), np.diff(U.indptr))
+    A = spmatrix(matrix(U.data), matrix(U.indices.astype(np.int64)), matrix(cols), (n, n))
+    saved = dict(cholmod.options)
+    try:
+        cholmod.options.clear()
+        cholmod.options.update(supernodal=0)
+        F = cholmod.symbolic(A, uplo="U")
+        out = dict(cholmod_simplicial_analysis_ms=best_ms(lambda: cholmod.symbolic(A, uplo="U"), repeat),
+                   cholmod_simplicial_factor_ms=best_ms(lambda: cholmod.numeric(A, F), repeat))
+        cholmod.options.update(supernodal=2)
+        F = cholmod.symbolic(A, uplo="U")
+        out.update(cholmod_supernodal_analysis_ms=best_ms(lambda: cholmod.symbolic(A, uplo="U"), repeat),
+                   cholmod_supernodal_factor_ms=best_ms(lambda: cholmod.numeric(A, F), repeat))
+    finally:
+        cholmod.options.clear()
+        cholmod.options.update(saved)
+    try:
+        import cholespy
+    except ImportError:
+        out["cholespy"] = "not installed (python3 -m pip install cholespy==2.2.0)"
+        return out
+    full = (U + U.T - sp_diag(U)).tocsc()
+    full.sort_indices()
+    ip, ix = full.indptr.astype(np.int32), full.indices.astype(np.int32)
+    out["cholespy_analysis_and_factor_ms"] = best_ms(
+        lambda: cholespy.CholeskySolverD(n, ip, ix, full.data, cholespy.MatrixType.CSC), repeat)
+    return out
+
+
+def sp_diag(U):
+    import scipy.sparse as sp
+
+    return sp.diags(U.diagonal())
 
 
 def main(argv=None):
