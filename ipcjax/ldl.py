@@ -178,11 +178,15 @@ _ANALYSIS_CACHE_SIZE = 4
 _ANALYSES: dict = {}
 
 
+def _pattern_key(U):
+    return U.shape[0], hashlib.blake2b(U.indptr.tobytes() + U.indices.tobytes(), digest_size=16).digest()
+
+
 def _analysis(U):
     """(CHOLMOD's symbolic factor, row and column index vectors) of U's pattern, kept."""
     from cvxopt import cholmod, matrix, spmatrix
 
-    key = (U.shape[0], hashlib.blake2b(U.indptr.tobytes() + U.indices.tobytes(), digest_size=16).digest())
+    key = _pattern_key(U)
     hit = _ANALYSES.get(key)
     if hit is None:
         n = U.shape[0]
@@ -230,7 +234,7 @@ def cholmod_solve(U, rhs):
     try:
         with _CholmodOptions():
             cholmod.numeric(A, F)
-    except ArithmeticError:
+    except ArithmeticError:  # the kept analysis serves the pattern's next matrix all the same (tested)
         return None
     cholmod.solve(F, b)
     return np.asarray(b, np.float64).reshape(rhs.shape)

@@ -467,6 +467,13 @@ def test_the_positive_definite_solve_is_cholmods_keeps_its_analysis_and_names_it
     F3 = H.shape[0]
     sing = upper_csc(np.where(np.arange(F3) == 0, 0.0, d), [np.where(r == 0, F3 + 5, r) for r in rows], blocks)
     assert ldl.cholmod_solve(sing, rhs) is None
+    # a failure on a kept pattern (H with a negative pivot, the same entries): the next
+    # positive definite matrix of that pattern still gets its answer
+    bad = U.copy()
+    bad.data[bad.indptr[1] - 1] = -1.0  # (0, 0), the only entry of column 0
+    assert bad.indices[bad.indptr[1] - 1] == 0 and ldl._pattern_key(bad) == ldl._pattern_key(U)
+    assert ldl.cholmod_solve(bad, rhs) is None
+    assert rel_err(ldl.cholmod_solve(U, rhs), u) < 1e-12
     u, status = ldl.host_solve(np.where(np.arange(F3) == 0, 0.0, d), [np.where(r == 0, F3 + 5, r) for r in rows],
                                blocks, rhs, True)
     assert status == LinearStatus.SINGULAR and np.all(np.isnan(u))
