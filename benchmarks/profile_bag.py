@@ -24,8 +24,8 @@ bag run wrote), in this process:
    into the upper-triangle CSC matrix (``ldl.upper_csc``, its kept pattern built before
    the timing), CHOLMOD's AMD ordering + symbolic analysis (which the library keeps per
    pattern: counted only at the iterates whose pattern the step has not met before),
-   numeric factorization, solve; the rest
-   of the callback's time is the transfers and the callback's own cost), the skin check
+   numeric factorization, solve; the rest of the callback's time is the transfers and
+   the callback's own cost), the skin check
    and requery (only where an iterate leaves the skin), the reach set
    (``line_search.reach_contacts``), the step bound (with its rows' weights) and the
    Armijo line search (Φ(x) on its rows included), the last two over the reach set when
@@ -103,10 +103,10 @@ def host_solve_phases(diag, rows, blocks, rhs, repeat):
         return b
 
     t_sol, _ = _timed(solve_only, repeat)
-    key = (U.indptr.tobytes(), U.indices.tobytes())  # the replay counts the analysis where it is new
+    # the replay counts the analysis where the pattern is new
     return dict(upper_csc=t_csc, ordering_symbolic=max(t_fresh - t_kept, 0.0),
                 numeric_factorization=max(t_kept - t_sol, 0.0), triangular_solve=t_sol,
-                host_total=t_csc + t_kept, pattern=key), u, int(U.nnz), int(r.shape[0])
+                host_total=t_csc + t_kept, pattern=ldl._pattern_key(U)), u, int(U.nnz), int(r.shape[0])
 
 
 def profile_state(name, path, repeat):

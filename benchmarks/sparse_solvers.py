@@ -123,42 +123,31 @@ def other_factorizations(U, rhs, repeat):
     analysis and its numeric factorization apart; and ``cholespy``'s CHOLMOD, which
     analyses and factorizes in one call (timed only where it is installed: not a
     dependency of ipcjax), ms."""
+    import scipy.sparse as sp
     from cvxopt import cholmod, matrix, spmatrix
 
+    from ipcjax import ldl
+
     n = U.shape[0]
-    cols = np.repeat(np.arange(n, dtype=np.int64), np.diff(U.indptr))
-    A = spmatrix(matrix(U.data), matrix(U.indices.astype(np.int64)), matrix(cols), (n, n))
-    saved = dict(cholmod.options)
-    try:
-        cholmod.options.clear()
-        cholmod.options.update(supernodal=0)
-        F = cholmod.symbolic(A, uplo="U")
-        out = dict(cholmod_simplicial_analysis_ms=best_ms(lambda: cholmod.symbolic(A, uplo="U"), repeat),
-                   cholmod_simplicial_factor_ms=best_ms(lambda: cholmod.numeric(A, F), repeat))
-        cholmod.options.update(supernodal=2)
-        F = cholmod.symbolic(A, uplo="U")
-        out.update(cholmod_supernodal_analysis_ms=best_ms(lambda: cholmod.symbolic(A, uplo="U"), repeat),
-                   cholmod_supernodal_factor_ms=best_ms(lambda: cholmod.numeric(A, F), repeat))
-    finally:
-        cholmod.options.clear()
-        cholmod.options.update(saved)
+    _, rows, cols = ldl._analysis(U)  # the index vectors the library hands CHOLMOD
+    A = spmatrix(matrix(U.data), rows, cols, (n, n))
+    out = {}
+    for name, supernodal in (("simplicial", 0), ("supernodal", 2)):
+        with ldl._CholmodOptions(supernodal=supernodal):
+            F = cholmod.symbolic(A, uplo="U")
+            out[f"cholmod_{name}_analysis_ms"] = best_ms(lambda: cholmod.symbolic(A, uplo="U"), repeat)
+            out[f"cholmod_{name}_factor_ms"] = best_ms(lambda: cholmod.numeric(A, F), repeat)
     try:
         import cholespy
     except ImportError:
         out["cholespy"] = "not installed (python3 -m pip install cholespy==2.2.0)"
         return out
-    full = (U + U.T - sp_diag(U)).tocsc()
+    full = (U + sp.triu(U, 1).T).tocsc()
     full.sort_indices()
     ip, ix = full.indptr.astype(np.int32), full.indices.astype(np.int32)
     out["cholespy_analysis_and_factor_ms"] = best_ms(
         lambda: cholespy.CholeskySolverD(n, ip, ix, full.data, cholespy.MatrixType.CSC), repeat)
     return out
-
-
-def sp_diag(U):
-    import scipy.sparse as sp
-
-    return sp.diags(U.diagonal())
 
 
 def main(argv=None):

@@ -202,15 +202,18 @@ def _analysis(U):
 
 
 class _CholmodOptions:
-    """CHOLMOD's options for this module's factorizations (supernodal LLᵀ), restored after:
-    ``cvxopt.cholmod.options`` is one dict for the whole process."""
+    """CHOLMOD's options inside a ``with`` (by default this module's: supernodal LLᵀ),
+    restored after: ``cvxopt.cholmod.options`` is one dict for the whole process."""
+
+    def __init__(self, supernodal=2):
+        self.options = dict(supernodal=supernodal)
 
     def __enter__(self):
         from cvxopt import cholmod
 
         self.saved = dict(cholmod.options)
         cholmod.options.clear()
-        cholmod.options.update(supernodal=2)
+        cholmod.options.update(self.options)
 
     def __exit__(self, *exc):
         from cvxopt import cholmod
@@ -289,7 +292,8 @@ def _qdldl_solve(U, rhs, require_pd):
 
 
 def sparse_solve(hb: HessianBlocks, rhs, require_pd: bool = True):
-    """u = H⁻¹ rhs over the free DOFs by host sparse LDLᵀ; returns (u, status).
+    """u = H⁻¹ rhs over the free DOFs by the host's sparse factorization (:func:`host_solve`);
+    returns (u, status).
 
     Traceable (``jax.pure_callback``); ``status`` is an int32
     :class:`~ipcjax.result.LinearStatus`, and ``u`` is NaN where it is not SUCCESSFUL (see

@@ -440,7 +440,8 @@ def test_sparse_solve_tells_indefinite_from_singular(contact_system):
     assert int(status) == LinearStatus.SINGULAR and np.all(np.isnan(np.asarray(u)))
 
 
-def test_the_positive_definite_solve_is_cholmods_keeps_its_analysis_and_names_its_failures(contact_system):
+def test_the_positive_definite_solve_is_cholmods_keeps_its_analysis_and_names_its_failures(contact_system,
+                                                                                          monkeypatch):
     """require_pd goes through CHOLMOD's supernodal Cholesky: its answer is QDLDL's to
     round-off; one symbolic analysis serves every matrix of one pattern; cvxopt's global
     options are left as found; a singular matrix, which CHOLMOD only calls "not positive
@@ -453,10 +454,9 @@ def test_the_positive_definite_solve_is_cholmods_keeps_its_analysis_and_names_it
     rhs = np.random.default_rng(7).normal(size=H.shape[0])
     U = upper_csc(d, rows, blocks)
     ldl._ANALYSES.clear()
-    cholmod.options["supernodal"] = 0  # somebody else's setting
+    monkeypatch.setitem(cholmod.options, "supernodal", 0)  # somebody else's setting
     u = ldl.cholmod_solve(U, rhs)
     assert cholmod.options == {"supernodal": 0}
-    del cholmod.options["supernodal"]
     u_q, status = ldl._qdldl_solve(U, rhs, True)
     assert u is not None and status == LinearStatus.SUCCESSFUL
     assert_nonzero(u)

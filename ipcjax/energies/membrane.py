@@ -370,7 +370,7 @@ class MembraneModel(ElementModel):
     (3, 3) N, Hessians (9, 9) N/m. ``hessians_psd``: ``hessian_psd`` of every element at
     once, (Xt (E, 3, 3), Dm_inv, area (E, …), mu, lam) -> (E, 9, 9), which the solver calls."""
 
-    hessians_psd: Callable = None
+    hessians_psd: Callable
 
 
 NEO_HOOKEAN = MembraneModel("neo_hookean", neo_hookean_energy, neo_hookean_gradient, neo_hookean_hessian,
