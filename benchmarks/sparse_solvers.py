@@ -5,11 +5,16 @@
 
 Steps once from a saved bag state (the tie checkpoint by default) and keeps the element
 blocks and right-hand sides that the step's Newton iterations hand to the host
-(``ipcjax.ldl.host_solve``). Then, for the first, a middle and the last of them, the best
+(``ipcjax.ldl.host_solve``; the step is taken with ``cholmod_ffi.switched_off`` so that
+they do). Then, for the first, a middle and the last of them, the best
 of ``--repeat`` calls of:
 
-* ``host_solve``: what the library does (upper-triangle CSC from the blocks, CHOLMOD's
-  supernodal Cholesky with its analysis kept per pattern, solve), and QDLDL's ordering and
+* ``cholmod_ffi.solve`` under ``jax.jit``: what the library's Newton direction does
+  (``ipcjax.cholmod_ffi``: the assembly into a kept pattern, CHOLMOD's supernodal
+  Cholesky with its analysis kept per pattern, the solve, inside XLA as a custom call);
+* ``host_solve``: what the host callback does where the custom call cannot be built
+  (upper-triangle CSC from the blocks with numpy, CHOLMOD through cvxopt with its
+  analysis kept per pattern, solve; the callback's own cost not included), and QDLDL's ordering and
   factorization of the same ready CSC matrix (``qdldl.Solver``: the library's host
   factorization before #30's change to CHOLMOD, and still its LDLᵀ for indefinite H);
 * ``cholmod_solve`` on the same matrix, with its symbolic analysis made anew and with it
@@ -48,7 +53,7 @@ def best_ms(fn, repeat):
 
 def capture(path):
     """The (diag, rows, blocks, rhs) of every host solve of one step from the state at ``path``."""
-    from ipcjax import ldl
+    from ipcjax import cholmod_ffi, ldl
     from ipcjax.step import advance, make_state
     from scenes.bag import bag_scene
     from scenes.bag_run import read_bag_state
@@ -67,7 +72,8 @@ def capture(path):
         st = make_state(rs["x"], rs["v"], float(rs["t"]))
         sc.choreography.observe(float(rs["t"]), np.asarray(st.x))
         ctl = sc.choreography.controls_at(int(rs["step"]), float(rs["t"]))
-        _, rep = advance(sc.model, sc.params, st, ctl, sc.dt, config=sc.config, validate=True)
+        with cholmod_ffi.switched_off("sparse_solvers.py captures what the host callback is handed"):
+            _, rep = advance(sc.model, sc.params, st, ctl, sc.dt, config=sc.config, validate=True)
         assert rep.ok, rep.reason
     finally:
         ldl.host_solve = original
@@ -97,6 +103,7 @@ def compare(system, repeat):
 
     out["cholmod_analysis_factor_and_solve_ms"] = best_ms(fresh, repeat)
     out["cholmod_factor_and_solve_ms"] = best_ms(lambda: ldl.cholmod_solve(U, rhs), repeat)  # analysis kept
+    out.update(custom_call(system, u_ref, repeat))
     out.update(other_factorizations(U, rhs, repeat))
     try:
         import klujax
@@ -116,6 +123,28 @@ def compare(system, repeat):
     out["klu_analyze_ms"] = best_ms(lambda: klujax.analyze(Ai, Aj, out["n"]), repeat)
     out["klu_factor_ms"] = best_ms(lambda: klujax.factor(Ai, Aj, Ax, sym), repeat)
     return out
+
+
+def custom_call(system, u_ref, repeat):
+    """The library's solve inside XLA (``ipcjax.cholmod_ffi.solve`` under ``jax.jit``, its
+    arguments already device arrays): the assembly into a kept pattern, CHOLMOD's numeric
+    factorization with its analysis kept, the solve; ms, and its relative difference
+    from ``host_solve``'s answer."""
+    import jax
+    import jax.numpy as jnp
+
+    from ipcjax import cholmod_ffi
+    from ipcjax.potential import HessianBlocks
+
+    diag, rows, blocks, rhs = system
+    hb = HessianBlocks(jnp.asarray(diag), tuple(jnp.asarray(r) for r in rows), tuple(jnp.asarray(b) for b in blocks),
+                       jnp.int32(0))
+    b = jnp.asarray(rhs)
+    solve = jax.jit(cholmod_ffi.solve)
+    u, status = solve(hb, b)
+    assert int(status) == 0
+    return dict(custom_call_ms=best_ms(lambda: jax.block_until_ready(solve(hb, b)), repeat),
+                custom_call_relative_difference=float(np.linalg.norm(np.asarray(u) - u_ref) / np.linalg.norm(u_ref)))
 
 
 def other_factorizations(U, rhs, repeat):

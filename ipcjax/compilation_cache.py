@@ -14,11 +14,12 @@ versions, the backend and the compile options, so an entry is never used for any
 but the program that wrote it. The cache writes programs whose compilation took at least
 :data:`MIN_COMPILE_TIME_S`; a smaller program recompiles in less time than a job notices.
 
-What it cannot hold: JAX (0.10) writes no entry for a program with a host callback, and
-the bag's step on the sparse path (``linear_solver="sparse"``) calls the host LDLᵀ through
-``jax.pure_callback`` (:mod:`ipcjax.ldl`), so that program compiles in every process; the
-dense and CG steps (``ipcjax drape``, the pouch fit) and the smaller programs around a
-bag run are cached. A folder that cannot be created or written leaves the job running
+What it cannot hold: JAX (0.10) writes no entry for a program with a host callback. The
+bag's step on the sparse path (``linear_solver="sparse"``) solves for its direction by a
+custom call (:mod:`ipcjax.cholmod_ffi`), not a callback, so it is cached like the dense
+and CG steps; where that call cannot be built the step calls the host
+(``jax.pure_callback``, :mod:`ipcjax.ldl`) and compiles in every process, as do rollout
+gradients on the sparse path (the exact implicit Hessian's LDLᵀ is on the host). A folder that cannot be created or written leaves the job running
 without the cache, with one line on stderr saying so; a failed read or write of an entry
 is JAX's warning, and the program is compiled as without a cache.
 """

@@ -27,9 +27,10 @@ for K at once (:func:`ensemble_advance` is its one-step form):
   ``jax.distributed`` included, and every process gets every member's results
   (:func:`gather`).
 
-The linear solve must run inside XLA (``Config.linear_solver`` ``"dense"`` or ``"cg"``):
-the host LDLᵀ (``"sparse"``) is a ``jax.pure_callback`` per Newton iteration, and is
-refused. :func:`host_callbacks` lists the host callbacks a traced function contains, so a
+The linear solve must run inside XLA batched over the members (``Config.linear_solver``
+``"dense"`` or ``"cg"``): ``"sparse"`` factorizes one member's matrix at a time on the CPU
+(a custom call, :mod:`ipcjax.cholmod_ffi`, or the host LDLᵀ where that cannot be built),
+and is refused. :func:`host_callbacks` lists the host callbacks a traced function contains, so a
 test can check that the program has none. A member that fails keeps its input state and
 reports its code (:class:`ipcjax.result.StepCode`); :func:`check_members` turns any failure
 into an error naming the member, so nothing fails silently.
@@ -79,8 +80,8 @@ def _check_ensemble(config: Config, capacity, trees) -> None:
     """Refuse what an ensemble program cannot run: the host solver, no fixed capacity,
     unstacked leaves, member axes of different sizes."""
     if config.linear_solver == "sparse":
-        raise ValueError("an ensemble step needs a linear solve inside XLA (Config.linear_solver 'dense' or 'cg'); "
-                         "'sparse' calls the host LDLᵀ in every Newton iteration")
+        raise ValueError("an ensemble step needs a linear solve inside XLA batched over the members "
+                         "(Config.linear_solver 'dense' or 'cg'); 'sparse' factorizes one member at a time on the CPU")
     if capacity is None:
         raise ValueError("an ensemble step needs a fixed capacity for the ensemble (ipcjax.capacity.Capacity); "
                          "a single member's advance() reports one it has grown to")

@@ -1,9 +1,13 @@
 """Sparse direct solve of H u = b from the element blocks, on the host, reached from ``jit``.
 
-``config.linear_solver = "sparse"`` selects it, as :class:`ipcjax.linear_solvers.SparseLDL`,
-the object the Newton direction and the implicit VJP both call. The film's Hessian is
-sparse — a few per cent of its entries are non-zero (docs/benchmarks.md) — so its
-factorization costs a fraction of the dense Cholesky, and no (3F)² matrix is ever formed.
+``config.linear_solver = "sparse"`` selects the sparse path, as
+:class:`ipcjax.linear_solvers.SparseLDL`, the object the Newton direction and the implicit
+VJP both call. The film's Hessian is sparse — a few per cent of its entries are non-zero
+(docs/benchmarks.md) — so its factorization costs a fraction of the dense Cholesky, and
+no (3F)² matrix is ever formed. Where H must be positive definite, the solve runs inside
+XLA as a custom call (:mod:`ipcjax.cholmod_ffi`); this module is the host path: the exact
+implicit Hessian's LDLᵀ always, and the positive definite solves where the custom call
+is not available (no C compiler, ``IPCJAX_NATIVE=0``).
 
 Inside the traced computation, :func:`sparse_solve` is one ``jax.pure_callback``; the
 host function

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import warnings
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
+from ipcjax import cholmod_ffi
 from ipcjax.energies import PSDProjection
 from ipcjax.ldl import sparse_solve
 from ipcjax.model import LINEAR_SOLVERS, Config
@@ -141,9 +143,28 @@ class DenseCholesky(LinearSolver):
 
 # --------------------------------------------------------------------------- sparse
 
+_fallback_warned = False
+
+
+def positive_definite_solve(hb: HessianBlocks, rhs):
+    """(u, status) of H u = rhs, H positive definite, by CHOLMOD: inside XLA as a custom
+    call (:mod:`ipcjax.cholmod_ffi`) where it is available, else through the host callback
+    (:func:`ipcjax.ldl.sparse_solve`), with one warning per process naming why unless the
+    user switched it off (``IPCJAX_NATIVE=0``)."""
+    global _fallback_warned
+    if cholmod_ffi.available():
+        return cholmod_ffi.solve(hb, rhs)
+    if not _fallback_warned and not cholmod_ffi.switched_off_by_choice():
+        _fallback_warned = True
+        warnings.warn(f"ipcjax: the sparse solve goes through a host callback, slower and never in the "
+                      f"persistent compilation cache: {cholmod_ffi.why_not()}", RuntimeWarning, stacklevel=2)
+    return sparse_solve(hb, rhs, require_pd=True)
+
+
 class SparseLDL(LinearSolver):
-    """The sparse Hessian factorized on the host (:mod:`ipcjax.ldl`): P H Pᵀ = L Lᵀ by CHOLMOD where
-    H must be positive definite, P H Pᵀ = L D Lᵀ by QDLDL for the exact implicit Hessian."""
+    """The sparse Hessian factorized by CHOLMOD (P H Pᵀ = L Lᵀ) where H must be positive
+    definite, inside XLA (:func:`positive_definite_solve`), and by QDLDL on the host
+    (P H Pᵀ = L D Lᵀ, :mod:`ipcjax.ldl`) for the exact implicit Hessian."""
 
     name = "sparse"
 
@@ -151,11 +172,14 @@ class SparseLDL(LinearSolver):
         return hb
 
     def direction(self, g, hb: HessianBlocks) -> LinearSolution:
-        dx, status = sparse_solve(hb, -g, require_pd=True)
+        dx, status = positive_definite_solve(hb, -g)
         return LinearSolution.masked(dx, status, _direct_info(), 0.0)
 
     def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
-        u, status = sparse_solve(hb, rhs, require_pd=PSDProjection(projection) is PSDProjection.PER_ELEMENT)
+        if PSDProjection(projection) is PSDProjection.PER_ELEMENT:
+            u, status = positive_definite_solve(hb, rhs)
+        else:
+            u, status = sparse_solve(hb, rhs, require_pd=False)
         return LinearSolution(u, status, _direct_info())
 
 

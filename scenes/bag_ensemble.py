@@ -87,7 +87,7 @@ def check_ensemble_options(options: BagRunOptions, members: int, params) -> None
         raise ValueError(f"--ensemble needs an integer number of members ≥ 1; got {members!r}")
     if options.linear_solver == "sparse":
         raise ValueError("--ensemble runs its linear solve inside XLA: give --linear-solver dense (or cg); "
-                         "'sparse' calls the host in every Newton iteration")
+                         "'sparse' factorizes one member at a time on the CPU")
     if params is not None and len(params) != members:
         raise ValueError(f"--ensemble {members} needs one parameter set per member; got {len(params)}")
     if members > 1 and not options.perturb and params is None:

@@ -532,3 +532,96 @@ def test_rollout_gradient_on_the_sparse_path_equals_the_dense_one():
 def test_unknown_linear_solver_is_named():
     with pytest.raises(ValueError, match="linear_solver must be one of .*'sparse'.*got 'lu'"):
         Config(linear_solver="lu")
+
+
+def test_the_cholmod_custom_call_is_built_here_and_solves_as_the_host_does(contact_system, tmp_path):
+    """The Newton direction's solve inside XLA (ipcjax.cholmod_ffi): built on this machine
+    with gcc, no host callback left in the direction's program, its answer the host
+    solve's to round-off, one kept pattern serving a matrix of the same entries, and the
+    same answers under jit and vmap."""
+    from ipcjax import cholmod_ffi
+
+    assert cholmod_ffi.available(), cholmod_ffi.why_not()
+    assert cholmod_ffi.build(str(tmp_path)) == cholmod_ffi.build(str(tmp_path))  # built once, then found
+    g, hb = contact_system(False)
+    H = np.asarray(dense_hessian(hb))
+    rhs = jnp.asarray(np.random.default_rng(11).normal(size=H.shape[0]))
+    text = jax.jit(sparse_direction).lower(g, hb).as_text()
+    assert cholmod_ffi.TARGET in text and "callback" not in text
+    solve = jax.jit(cholmod_ffi.solve)
+    u, status = solve(hb, rhs)
+    assert int(status) == LinearStatus.SUCCESSFUL
+    assert_nonzero(u)
+    u_host, s_host = ldl.host_solve(np.asarray(hb.diag), [np.asarray(r) for r in hb.rows],
+                                    [np.asarray(b) for b in hb.blocks], np.asarray(rhs), True)
+    assert s_host == LinearStatus.SUCCESSFUL
+    assert rel_err(u, u_host) < 1e-12 and rel_err(u, np.linalg.solve(H, np.asarray(rhs))) < 1e-10
+    twice = hb._replace(diag=2.0 * hb.diag, blocks=tuple(2.0 * b for b in hb.blocks))
+    assert rel_err(solve(twice, rhs)[0], 0.5 * np.asarray(u)) < 1e-12
+    R = jnp.stack([rhs, -2.0 * rhs])
+    U, S = jax.jit(jax.vmap(lambda r: cholmod_ffi.solve(hb, r)))(R)
+    assert np.all(np.asarray(S) == LinearStatus.SUCCESSFUL) and rel_err(U[1], -2.0 * np.asarray(u)) < 1e-12
+    sparse, ok = jax.jit(sparse_direction)(g, hb)
+    with cholmod_ffi.switched_off():  # a new function: JAX keeps a function's trace across jit objects
+        host = jax.jit(lambda g, hb: sparse_direction(g, hb)).lower(g, hb)
+        assert "callback" in host.as_text() and cholmod_ffi.TARGET not in host.as_text()
+        sparse_host, ok_host = host.compile()(g, hb)
+    assert bool(ok) and bool(ok_host) and rel_err(sparse, sparse_host) < 1e-12
+
+
+def test_the_cholmod_custom_call_names_its_failures(contact_system):
+    """Where CHOLMOD's Cholesky fails, the custom call's own LDLᵀ names why, as QDLDL does
+    on the host: a zero row SINGULAR, the exact indefinite Hessian NOT_POSITIVE_DEFINITE;
+    a NaN or an infinity NON_FINITE_INPUT; each with NaN for u. A failure on a kept
+    pattern leaves it serving the next positive definite matrix. Arguments of the wrong
+    shape are an error that names the expected ones."""
+    from ipcjax import cholmod_ffi
+
+    solve = jax.jit(cholmod_ffi.solve)
+    g, hb = contact_system(False)
+    F3 = hb.diag.shape[0]
+    rhs = jnp.asarray(np.random.default_rng(12).normal(size=F3))
+    u, status = solve(hb, rhs)
+    assert int(status) == LinearStatus.SUCCESSFUL
+
+    def fails(h, r, expected):
+        v, s = solve(h, r)
+        assert int(s) == expected, LinearStatus.describe(int(s))
+        assert np.all(np.isnan(np.asarray(v)))
+
+    fails(hb._replace(diag=hb.diag.at[0].set(0.0), rows=tuple(jnp.where(r == 0, F3 + 5, r) for r in hb.rows)),
+          rhs, LinearStatus.SINGULAR)
+    _, hb_exact = contact_system(True)
+    assert np.linalg.eigvalsh(np.asarray(dense_hessian(hb_exact))).min() < 0
+    fails(hb_exact, rhs, LinearStatus.NOT_POSITIVE_DEFINITE)
+    fails(hb._replace(diag=hb.diag.at[3].set(-1e9)), rhs, LinearStatus.NOT_POSITIVE_DEFINITE)  # hb's pattern
+    again, status = solve(hb, rhs)
+    assert int(status) == LinearStatus.SUCCESSFUL and rel_err(again, u) < 1e-14
+    fails(hb, rhs.at[2].set(jnp.nan), LinearStatus.NON_FINITE_INPUT)
+    fails(hb._replace(blocks=(hb.blocks[0].at[0, 1, 1].set(jnp.inf),) + tuple(hb.blocks[1:])), rhs,
+          LinearStatus.NON_FINITE_INPUT)
+    out = (jax.ShapeDtypeStruct((F3,), jnp.float64), jax.ShapeDtypeStruct((), jnp.int32))
+    call = jax.ffi.ffi_call(cholmod_ffi.TARGET, out)
+    rows = hb.rows[0].astype(jnp.int32)
+    with pytest.raises(Exception, match=r"blocks \(E, k, k\) f64"):
+        call(hb.diag, rhs, rows, jnp.zeros(rows.shape + (rows.shape[1] + 1,)))
+
+
+def test_without_the_custom_call_the_sparse_solve_warns_and_takes_the_host_callback(contact_system, monkeypatch):
+    """A machine where the custom call cannot be built (here: pretended) gets the host
+    callback and one warning that names why; no compiler is a NativeBuildError naming it."""
+    from ipcjax import cholmod_ffi, linear_solvers
+
+    g, hb = contact_system(False)
+    monkeypatch.setenv("CC", "no-such-compiler-ipcjax")
+    with pytest.raises(cholmod_ffi.NativeBuildError, match="no-such-compiler-ipcjax"):
+        cholmod_ffi.build()
+    monkeypatch.setattr(cholmod_ffi, "_state", {"why": "pretended: no compiler"})
+    monkeypatch.setattr(linear_solvers, "_fallback_warned", False)
+    assert not cholmod_ffi.available() and cholmod_ffi.why_not() == "pretended: no compiler"
+    with pytest.warns(RuntimeWarning, match="pretended: no compiler"):
+        lowered = jax.jit(lambda g, hb: sparse_direction(g, hb)).lower(g, hb)
+    assert "callback" in lowered.as_text()
+    dx, ok = lowered.compile()(g, hb)
+    assert bool(ok)
+    assert_nonzero(dx)
