@@ -176,6 +176,15 @@ class switched_off:
         _off.remove(self.why)
 
 
+def solve_path(linear_solver: str) -> str | None:
+    """How the positive definite solves of ``Config(linear_solver=...)`` run in this
+    process, for a run's summary: ``"custom call"``, ``"host callback: WHY"``, or None
+    for a solver other than ``"sparse"``."""
+    if linear_solver != "sparse":
+        return None
+    return "custom call" if available() else f"host callback: {why_not()}"
+
+
 def solve(hb, rhs):
     """u = H⁻¹ rhs for positive definite H over the free DOFs, by the custom call; returns
     (u, status) as :func:`ipcjax.ldl.sparse_solve` with ``require_pd=True`` does (u NaN

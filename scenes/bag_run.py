@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ipcjax import compilation_cache, runfolder, xla_threads
+from ipcjax import cholmod_ffi, compilation_cache, runfolder, xla_threads
 from scenes.bag import EPS_T, SHARED_UNTIL, BagScene
 from scenes.progress import first_step_bar
 
@@ -407,7 +407,8 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, a
         params={k: float(getattr(sc.params, k)) for k in ("youngs_modulus", "friction", "bending_scale")},
         steps_this_run=n, step_index=run["step_index"],
         simulated_s=run["simulated_s"], wall_s=wall, steps_per_s=n / wall if wall > 0 else None,
-        linear_solver=sc.config.linear_solver, first_step_s=first_step_s,
+        linear_solver=sc.config.linear_solver, sparse_solve=cholmod_ffi.solve_path(sc.config.linear_solver),
+        first_step_s=first_step_s,
         first_step_compilation_cache=run["first_step_compilation_cache"], xla_threads=xla_threads.current(),
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)
                                                  if n > 1 and first_step_s is not None else None),

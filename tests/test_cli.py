@@ -43,15 +43,16 @@ def test_drape_mesh_every_zero_writes_no_meshes(tmp_path):
 
 
 def test_bag_job_records_its_solver_and_first_step(tmp_path):
-    """`ipcjax bag` (coarse, 3 steps): the sparse linear solve by default, the first step's
-    wall (jit compilation) split off the rate, the Newton iterations by phase, no
-    self-intersection."""
+    """`ipcjax bag` (coarse, 3 steps): the sparse linear solve by default, by the CHOLMOD
+    custom call, the first step's wall (jit compilation) split off the rate, the Newton
+    iterations by phase, no self-intersection."""
     out = tmp_path / "bag"
     rc = main(["bag", "--resolution", "coarse", "--until", str(3 / 240), "--out", str(out),
                "--mesh-every", "0", "--no-pictures"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["linear_solver"] == "sparse" and s["steps_this_run"] == 3 and s["failure"] is None
+    assert s["sparse_solve"] == "custom call"
     assert 0 < s["first_step_s"] < s["wall_s"]
     assert s["wall_s_per_simulated_s_after_first_step"] == pytest.approx(
         (s["wall_s"] - s["first_step_s"]) / (2 / 240))

@@ -73,3 +73,32 @@ def test_an_unwritable_folder_runs_without_the_cache_and_says_so(tmp_path):
     assert out["path"] is None and not out["dir"]
     assert "compilation cache off" in err
 
+
+
+SPARSE_PROBE = """
+    import json, os, jax, jax.numpy as jnp
+    import ipcjax
+    from ipcjax.compilation_cache import counts, enable_compilation_cache
+    from ipcjax.linear_solvers import SparseLDL
+    from ipcjax.potential import HessianBlocks
+    path = enable_compilation_cache(min_compile_time_s=0.0)
+    rows = jnp.arange(6, dtype=jnp.int32).reshape(1, 6)
+    B = jnp.eye(6)[None] + 0.1
+    hb = HessianBlocks(jnp.full(6, 2.0), (rows,), (B,), jnp.int32(0))
+    sol = jax.jit(lambda g: SparseLDL().direction(g, hb))(jnp.arange(6.0))
+    assert bool(sol.ok)
+    print(json.dumps(dict(counts=counts(), files=sorted(os.listdir(path)))))
+"""
+
+
+def test_the_sparse_direction_is_cached_and_read_back_unless_it_calls_the_host(tmp_path):
+    """The sparse path's Newton direction is a custom call (ipcjax.cholmod_ffi), so its
+    program is written to the cache and read back by the next process; through the host
+    callback (IPCJAX_NATIVE=0) JAX writes no entry for it."""
+    d = tmp_path / "cache"
+    first, _ = _run(SPARSE_PROBE, {ENV: str(d)})
+    assert any("jit__lambda" in f for f in first["files"]), first["files"]
+    again, _ = _run(SPARSE_PROBE, {ENV: str(d)})
+    assert again["counts"]["hits"] >= 1, again["counts"]
+    host, _ = _run(SPARSE_PROBE, {ENV: str(tmp_path / "host"), "IPCJAX_NATIVE": "0"})
+    assert not any("jit__lambda" in f for f in host["files"]), host["files"]
