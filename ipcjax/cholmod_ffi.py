@@ -16,8 +16,9 @@ The handler is plain C against XLA's FFI C API. It is compiled on first use, wit
 machine's C compiler (``$CC``, else ``gcc``), against JAX's FFI headers
 (``jax.ffi.include_dir()``) and the CHOLMOD library
 inside the ``cvxopt`` wheel, into ``$IPCJAX_NATIVE_CACHE`` (default
-``$XDG_CACHE_HOME/ipcjax/native``, i.e. ``~/.cache/ipcjax/native``), one file per source,
-compiler, headers and library (a few seconds, once per machine). Where it cannot be built
+``$XDG_CACHE_HOME/ipcjax/native``, i.e. ``~/.cache/ipcjax/native``; where that cannot be
+written, ``ipcjax-native-UID`` in the temporary folder), one file per source, compiler,
+headers and library (0.4 s, once per machine). Where it cannot be built
 or loaded (no compiler, another CHOLMOD), :func:`available` is False and :func:`why_not`
 says why; :class:`ipcjax.linear_solvers.SparseLDL` then uses the host callback and warns
 once, naming the reason. ``IPCJAX_NATIVE=0`` switches the custom call off.
@@ -80,9 +81,15 @@ def _compiler() -> str:
     return path
 
 
+def _user_temp_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"ipcjax-native-{os.getuid()}")
+
+
 def build(out_dir: str | None = None) -> str:
     """Compile the handler if this source, compiler, header set and CHOLMOD have no library
-    in ``out_dir`` yet; returns the library's path. Raises :class:`NativeBuildError`."""
+    in ``out_dir`` yet; returns the library's path. Without ``out_dir``: :func:`cache_dir`,
+    or where that cannot be written a folder of this user's under the temporary folder.
+    Raises :class:`NativeBuildError`."""
     cc, chol, include = _compiler(), cholmod_library(), jax.ffi.include_dir()
     with open(SOURCE, "rb") as f:
         source = f.read()
@@ -92,16 +99,23 @@ def build(out_dir: str | None = None) -> str:
         raise NativeBuildError(f"{cc} --version failed: {e}") from e
     key = hashlib.sha256(b"\0".join([source, version.encode(), include.encode(), chol.encode(),
                                      " ".join(_FLAGS).encode(), jax.__version__.encode()])).hexdigest()[:16]
-    out_dir = cache_dir() if out_dir is None else out_dir
-    target = os.path.join(out_dir, f"libipcjax_cholmod-{key}.so")
-    if os.path.exists(target):
-        return target
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-        os.close(fd)
-    except OSError as e:
-        raise NativeBuildError(f"cannot write {out_dir} ({e.strerror or e}); set {ENV_CACHE}") from e
+    dirs = [out_dir] if out_dir is not None else [cache_dir(), _user_temp_dir()]
+    for out_dir in dirs:
+        target = os.path.join(out_dir, f"libipcjax_cholmod-{key}.so")
+        if os.path.exists(target):
+            return target
+    errors = []
+    for out_dir in dirs:  # the cache folder, else (unwritable) a folder of this user's under the temp dir
+        target = os.path.join(out_dir, f"libipcjax_cholmod-{key}.so")
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+            os.close(fd)
+            break
+        except OSError as e:
+            errors.append(f"{out_dir} ({e.strerror or e})")
+    else:
+        raise NativeBuildError(f"cannot write {' nor '.join(errors)}; set {ENV_CACHE}")
     libdir = os.path.dirname(chol)
     cmd = [cc, *_FLAGS, f"-I{include}", SOURCE, "-o", tmp, chol,
            "-Wl,--disable-new-dtags", f"-Wl,-rpath,{libdir}"]

@@ -3,6 +3,8 @@ block-Jacobi PCG direction) and the sparse direct one (host LDLᵀ of the elemen
 reached from jit: ipcjax.ldl); active-row compaction; and drapes on each path against one
 dense drape. One module, so that the film-over-sphere blocks and the dense drape compile
 once for both paths (issue #31)."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -607,12 +609,20 @@ def test_the_cholmod_custom_call_names_its_failures(contact_system):
         call(hb.diag, rhs, rows, jnp.zeros(rows.shape + (rows.shape[1] + 1,)))
 
 
-def test_without_the_custom_call_the_sparse_solve_warns_and_takes_the_host_callback(contact_system, monkeypatch):
+def test_without_the_custom_call_the_sparse_solve_warns_and_takes_the_host_callback(contact_system, monkeypatch,
+                                                                                     tmp_path):
     """A machine where the custom call cannot be built (here: pretended) gets the host
-    callback and one warning that names why; no compiler is a NativeBuildError naming it."""
+    callback and one warning that names why; no compiler is a NativeBuildError naming it;
+    an unwritable cache folder builds under the temporary folder instead."""
     from ipcjax import cholmod_ffi, linear_solvers
 
     g, hb = contact_system(False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(cholmod_ffi.ENV_CACHE, str(blocker / "native"))  # cannot be created
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    built = cholmod_ffi.build()  # an unwritable cache folder: built under the temporary folder instead
+    assert built.startswith(str(tmp_path / "ipcjax-native-")) and os.path.exists(built)
     monkeypatch.setenv("CC", "no-such-compiler-ipcjax")
     with pytest.raises(cholmod_ffi.NativeBuildError, match="no-such-compiler-ipcjax"):
         cholmod_ffi.build()

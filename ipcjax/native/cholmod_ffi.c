@@ -111,6 +111,7 @@ typedef struct {
   const int32_t *rows;  /* (E, k) */
   const double *blocks; /* (E, k, k) */
   int64_t E, k;
+  uint8_t *used; /* (E) the element's block is not all zeros (mark_used) */
 } Group;
 
 /* One assembly pattern: which elements were kept, where each of their entries goes. */
@@ -131,10 +132,24 @@ static void free_pattern(Pattern *p) {
   free(p->signature), free(p->colptr), free(p->rowidx), free(p->diag_at), free(p->scatter), free(p);
 }
 
-static int block_used(const double *B, int64_t kk) {
-  for (int64_t t = 0; t < kk; ++t)
-    if (B[t] != 0.0) return 1; /* a NaN counts as used (and is found as non-finite) */
-  return 0;
+/* One pass over every block: which elements are used (a block not all zeros), and
+ * whether every entry is finite (the return value). */
+static int mark_used(Group *groups, int n_groups) {
+  int finite = 1;
+  for (int gi = 0; gi < n_groups; ++gi) {
+    Group *g = &groups[gi];
+    const int64_t kk = g->k * g->k;
+    for (int64_t e = 0; e < g->E; ++e) {
+      const double *B = g->blocks + e * kk;
+      int any = 0;
+      for (int64_t t = 0; t < kk; ++t) {
+        any |= B[t] != 0.0;
+        finite &= isfinite(B[t]) != 0;
+      }
+      g->used[e] = (uint8_t)any;
+    }
+  }
+  return finite;
 }
 
 /* The kept upper-triangle entries in the one visiting order (groups, kept elements, a, b),
@@ -145,7 +160,7 @@ static int block_used(const double *B, int64_t kk) {
     const int64_t k_ = g_->k, kk_ = k_ * k_;                               \
     for (int64_t e_ = 0; e_ < g_->E; ++e_) {                               \
       const double *B_ = g_->blocks + e_ * kk_;                            \
-      if (!block_used(B_, kk_)) continue;                                  \
+      if (!g_->used[e_]) continue;                                         \
       const int32_t *r_ = g_->rows + e_ * k_;                              \
       for (int64_t a_ = 0; a_ < k_; ++a_)                                  \
         for (int64_t b_ = 0; b_ < k_; ++b_)                                \
@@ -167,12 +182,11 @@ static int32_t *signature(const Group *groups, int n_groups, int32_t n, size_t *
   sig[m++] = n;
   for (int gi = 0; gi < n_groups; ++gi) {
     const Group *g = &groups[gi];
-    const int64_t kk = g->k * g->k;
     sig[m++] = (int32_t)g->k;
     const size_t count_at = m++;
     sig[count_at] = 0;
     for (int64_t e = 0; e < g->E; ++e) {
-      if (!block_used(g->blocks + e * kk, kk)) continue;
+      if (!g->used[e]) continue;
       memcpy(sig + m, g->rows + e * g->k, g->k * sizeof *sig);
       m += g->k;
       ++sig[count_at];
@@ -418,17 +432,28 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
   const int32_t n = (int32_t)dbuf->dims[0];
   const int n_groups = (int)((n_args - 2) / 2);
   Group *groups = malloc((n_groups + 1) * sizeof *groups);
-  if (!groups) return ffi_error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "ipcjax_cholmod_solve: out of memory");
+  int64_t n_elements = 0;
+  for (int gi = 0; gi < n_groups; ++gi) {
+    const XLA_FFI_Buffer *r = buffer(frame->args.args, frame->args.types, 2 + 2 * gi, 0);
+    n_elements += r && r->rank >= 1 ? r->dims[0] : 0;
+  }
+  uint8_t *used = malloc(n_elements + 1);
+  if (!groups || !used) {
+    free(groups), free(used);
+    return ffi_error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "ipcjax_cholmod_solve: out of memory");
+  }
+  n_elements = 0;
   for (int gi = 0; gi < n_groups; ++gi) {
     const XLA_FFI_Buffer *r = buffer(frame->args.args, frame->args.types, 2 + 2 * gi, 0);
     const XLA_FFI_Buffer *B = buffer(frame->args.args, frame->args.types, 3 + 2 * gi, 0);
     if (!r || !B || r->dtype != XLA_FFI_DataType_S32 || B->dtype != XLA_FFI_DataType_F64 || r->rank != 2 ||
         B->rank != 3 || B->dims[0] != r->dims[0] || B->dims[1] != r->dims[1] || B->dims[2] != r->dims[1]) {
-      free(groups);
+      free(groups), free(used);
       return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                        "ipcjax_cholmod_solve: a group's rows must be (E, k) s32 and its blocks (E, k, k) f64");
     }
-    groups[gi] = (Group){r->data, B->data, r->dims[0], r->dims[1]};
+    groups[gi] = (Group){r->data, B->data, r->dims[0], r->dims[1], used + n_elements};
+    n_elements += r->dims[0];
   }
   const double *d = dbuf->data, *b = bbuf->data;
   double *u = ubuf->data;
@@ -437,12 +462,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
   int s = kSuccessful;
   for (int32_t j = 0; j < n && s == kSuccessful; ++j)
     if (!isfinite(d[j]) || !isfinite(b[j])) s = kNonFiniteInput;
-  for (int gi = 0; gi < n_groups && s == kSuccessful; ++gi)
-    for (int64_t t = 0; t < groups[gi].E * groups[gi].k * groups[gi].k; ++t)
-      if (!isfinite(groups[gi].blocks[t])) {
-        s = kNonFiniteInput;
-        break;
-      }
+  if (!mark_used(groups, n_groups)) s = kNonFiniteInput;
   const char *error = NULL;
   if (s == kSuccessful) {
     pthread_mutex_lock(&cache_mutex);
@@ -476,7 +496,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
     }
     pthread_mutex_unlock(&cache_mutex);
   }
-  free(groups);
+  free(groups), free(used);
   if (error) return ffi_error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, error);
   for (int32_t j = 0; j < n && s == kSuccessful; ++j)
     if (!isfinite(u[j])) s = kSingular;
