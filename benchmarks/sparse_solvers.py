@@ -53,10 +53,8 @@ def best_ms(fn, repeat):
 
 def capture(path):
     """The (diag, rows, blocks, rhs) of every host solve of one step from the state at ``path``."""
+    from benchmarks.bag_state import bag_step_inputs
     from ipcjax import cholmod_ffi, ldl
-    from ipcjax.step import advance, make_state
-    from scenes.bag import bag_scene
-    from scenes.bag_run import read_bag_state
 
     saved, original = [], ldl.host_solve
 
@@ -66,14 +64,8 @@ def capture(path):
 
     ldl.host_solve = spy
     try:
-        resolution = str(np.load(path)["resolution"])
-        sc = bag_scene(resolution)
-        rs = read_bag_state(path, sc, resolution)
-        st = make_state(rs["x"], rs["v"], float(rs["t"]))
-        sc.choreography.observe(float(rs["t"]), np.asarray(st.x))
-        ctl = sc.choreography.controls_at(int(rs["step"]), float(rs["t"]))
         with cholmod_ffi.switched_off("sparse_solvers.py captures what the host callback is handed"):
-            _, rep = advance(sc.model, sc.params, st, ctl, sc.dt, config=sc.config, validate=True)
+            rep = bag_step_inputs(path).report
         assert rep.ok, rep.reason
     finally:
         ldl.host_solve = original

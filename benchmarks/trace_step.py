@@ -60,10 +60,9 @@ def _trace(args):
     import jax
     import numpy as np
 
+    from benchmarks.bag_state import bag_step_inputs
     from ipcjax import ldl
-    from ipcjax.step import advance, make_state, step
-    from scenes.bag import bag_scene
-    from scenes.bag_run import read_bag_state
+    from ipcjax.step import step
 
     inside = []
     original = ldl.host_solve
@@ -75,13 +74,7 @@ def _trace(args):
         return out
 
     ldl.host_solve = timed
-    resolution = str(np.load(args.state)["resolution"])
-    sc = bag_scene(resolution)
-    rs = read_bag_state(args.state, sc, resolution)
-    st = make_state(rs["x"], rs["v"], float(rs["t"]))
-    sc.choreography.observe(float(rs["t"]), np.asarray(st.x))
-    ctl = sc.choreography.controls_at(int(rs["step"]), float(rs["t"]))
-    _, rep = advance(sc.model, sc.params, st, ctl, sc.dt, config=sc.config, validate=True)
+    sc, t_state, st, ctl, rep = bag_step_inputs(args.state)
     run = lambda: jax.block_until_ready(step(sc.model, sc.params, st, ctl, sc.dt, config=sc.config,
                                               capacity=rep.capacity))
     run()
@@ -105,7 +98,7 @@ def _trace(args):
             count[e["name"]] += 1
     callback = sum(v for k, v in total.items() if k.startswith("pure_callback")) / args.calls / 1e3
     custom = sum(v for k, v in total.items() if k.startswith("ffi_call")) / args.calls / 1e3
-    out = dict(state=args.state, t=float(rs["t"]), phase=sc.choreography.phase_at(float(rs["t"])),
+    out = dict(state=args.state, t=t_state, phase=sc.choreography.phase_at(t_state),
                newton_iterations=int(info.iterations), step_ms=1e3 * float(np.min(walls)),
                direction="host callback" if args.host_callback else "custom call", custom_call_ms=custom,
                callback_ms=callback, host_solve_ms=1e3 * sum(inside) / args.calls,

@@ -150,10 +150,14 @@ def positive_definite_solve(hb: HessianBlocks, rhs):
     """(u, status) of H u = rhs, H positive definite, by CHOLMOD: inside XLA as a custom
     call (:mod:`ipcjax.cholmod_ffi`) where it is available, else through the host callback
     (:func:`ipcjax.ldl.sparse_solve`), with one warning per process naming why unless the
-    user switched it off (``IPCJAX_NATIVE=0``)."""
+    user switched it off (``IPCJAX_NATIVE=0``). The custom call is registered for the CPU:
+    a program lowered for another platform (a GPU) takes the host callback there
+    (``jax.lax.platform_dependent``; only the branch of the platform lowered for is in
+    the compiled program)."""
     global _fallback_warned
     if cholmod_ffi.available():
-        return cholmod_ffi.solve(hb, rhs)
+        host = lambda hb, rhs: sparse_solve(hb, rhs, require_pd=True)
+        return jax.lax.platform_dependent(hb, rhs, cpu=cholmod_ffi.solve, default=host)
     if not _fallback_warned and not cholmod_ffi.switched_off_by_choice():
         _fallback_warned = True
         warnings.warn(f"ipcjax: the sparse solve goes through a host callback, slower and never in the "
