@@ -15,7 +15,8 @@ the library:
 * ``membrane_clamp`` / ``hinge_clamp``: the exact element Hessian with negative eigenvalues
   set to 0;
 * ``exact_first``: the exact membrane and hinge blocks (barrier, ties and the rest as
-  projected), factorized first; where that LDLᵀ has a pivot ≤ 0, the projected blocks.
+  projected), factorized first (the positive definite solve, CHOLMOD); where that finds
+  a pivot ≤ 0, the projected blocks.
 
 Prints JSON per variant: Newton iterations (total, steps with ≥ 20 and ≥ 40) and, for
 ``exact_first``, how many exact factorizations succeeded.
@@ -58,8 +59,7 @@ def patch(variant, exact_ok):
         B.BENDING_MODELS["hinge"] = dataclasses.replace(hinge, hessian_psd=lambda *a: M.project_psd(hinge.hessian(*a)))
     elif variant == "exact_first":
         import ipcjax.newton as N
-        from ipcjax.ldl import sparse_solve
-        from ipcjax.linear_solvers import LinearSolution
+        from ipcjax.linear_solvers import LinearSolution, positive_definite_solve
 
         assemble = N.gradient_and_blocks
 
@@ -74,10 +74,10 @@ def patch(variant, exact_ok):
 
             def direction(self, g, pair):
                 he, hp = pair
-                dx, status = sparse_solve(he, -g, require_pd=True)
+                dx, status = positive_definite_solve(he, -g)
                 jax.debug.callback(lambda o: exact_ok.append(bool(o)), status == 0)
                 dx, status = jax.lax.cond(status == 0, lambda: (dx, status),
-                                          lambda: sparse_solve(hp, -g, require_pd=True))
+                                          lambda: positive_definite_solve(hp, -g))
                 return LinearSolution(jnp.where(status == 0, dx, 0.0), status, None)
 
         N.gradient_and_blocks = both
