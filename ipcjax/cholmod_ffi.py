@@ -10,7 +10,7 @@ call, ``ipcjax_cholmod_solve`` (``ipcjax/native/cholmod_ffi.c``): the assembly i
 kept CSC pattern, CHOLMOD's supernodal Cholesky with its analysis kept per pattern, the
 naming of a failure by an LDLᵀ, all in C on the buffers XLA already holds. Its answers
 are :func:`ipcjax.ldl.host_solve`'s (``require_pd=True``) to round-off, with the same
-:class:`~ipcjax.result.LinearStatus` (tests/test_cholmod_ffi.py).
+:class:`~ipcjax.result.LinearStatus` (tests/test_sparse.py).
 
 The handler is plain C against XLA's FFI C API. It is compiled on first use, with the
 machine's C compiler (``$CC``, else ``gcc``), against JAX's FFI headers

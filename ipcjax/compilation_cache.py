@@ -19,9 +19,10 @@ bag's step on the sparse path (``linear_solver="sparse"``) solves for its direct
 custom call (:mod:`ipcjax.cholmod_ffi`), not a callback, so it is cached like the dense
 and CG steps; where that call cannot be built the step calls the host
 (``jax.pure_callback``, :mod:`ipcjax.ldl`) and compiles in every process, as do rollout
-gradients on the sparse path (the exact implicit Hessian's LDLᵀ is on the host). A folder that cannot be created or written leaves the job running
-without the cache, with one line on stderr saying so; a failed read or write of an entry
-is JAX's warning, and the program is compiled as without a cache.
+gradients on the sparse path (the exact implicit Hessian's LDLᵀ is on the host). A folder
+that cannot be created or written leaves the job running without the cache, with one line
+on stderr saying so; a failed read or write of an entry is JAX's warning, and the program
+is compiled as without a cache.
 """
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ for K at once (:func:`ensemble_advance` is its one-step form):
 The linear solve must run inside XLA batched over the members (``Config.linear_solver``
 ``"dense"`` or ``"cg"``): ``"sparse"`` factorizes one member's matrix at a time on the CPU
 (a custom call, :mod:`ipcjax.cholmod_ffi`, or the host LDLᵀ where that cannot be built),
-and is refused. :func:`host_callbacks` lists the host callbacks a traced function contains, so a
-test can check that the program has none. A member that fails keeps its input state and
+and is refused. :func:`host_callbacks` lists the host callbacks a traced function
+contains, so a test can check that the program has none. A member that fails keeps its input state and
 reports its code (:class:`ipcjax.result.StepCode`); :func:`check_members` turns any failure
 into an error naming the member, so nothing fails silently.
 """

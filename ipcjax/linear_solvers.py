@@ -21,8 +21,9 @@ call the same objects; :func:`linear_solver` gives the one ``Config`` names.
 ``"dense"``     :class:`DenseCholesky`        direction: Cholesky of D H D, D = diag(H)^(−½);
                                               solve: LU (exact H, possibly indefinite away
                                               from a minimiser) or Cholesky (projected)
-``"sparse"``    :class:`SparseLDL`            host sparse Cholesky (projected H) or LDLᵀ
-                                              (exact H) (:mod:`ipcjax.ldl`); a pivot ≤ 0
+``"sparse"``    :class:`SparseLDL`            sparse Cholesky (projected H) inside XLA
+                                              (:mod:`ipcjax.cholmod_ffi`) or host LDLᵀ
+                                              (exact H, :mod:`ipcjax.ldl`); a pivot ≤ 0
                                               fails (a zero one for exact H)
 ``"cg"``        :class:`BlockJacobiCG`        block-Jacobi PCG on the blocks, never forming
                                               H; missing the tolerance fails

@@ -256,8 +256,9 @@ class Config:
     Cholesky; ``"cg"`` never forms it and solves with block-Jacobi preconditioned
     conjugate gradients on the element blocks, to a relative residual ``cg_tolerance``
     within ``cg_max_iterations`` (not reaching it is a failed factorization);
-    ``"sparse"`` factorizes the sparse Hessian on the host (:mod:`ipcjax.ldl`,
-    exact like ``"dense"``, without the (3F)² matrix). ``line_search_expansions`` (static,
+    ``"sparse"`` factorizes the sparse Hessian by CHOLMOD inside XLA
+    (:mod:`ipcjax.cholmod_ffi`; the exact implicit Hessian on the host, :mod:`ipcjax.ldl`),
+    exact like ``"dense"``, without the (3F)² matrix. ``line_search_expansions`` (static,
     0–16; 0 is the specification's line search): after a full Newton step that lowered Φ
     by at least :data:`ipcjax.line_search.EXPAND_RATIO` of |∇Φ·Δx|, up to that many
     doublings of α while Φ keeps falling (:func:`ipcjax.line_search.expand`, docs/design.md).

@@ -8,7 +8,7 @@ each iteration
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks
    (:func:`ipcjax.potential.gradient_and_blocks`),
 2. solves H Δx = −∇Φ with the linear solver object ``config.linear_solver`` names
-   (:mod:`ipcjax.linear_solvers`: dense equilibrated Cholesky, host sparse Cholesky, or
+   (:mod:`ipcjax.linear_solvers`: dense equilibrated Cholesky, sparse Cholesky, or
    block-Jacobi CG); a solve whose :class:`~ipcjax.result.LinearStatus` is not
    SUCCESSFUL (a failed factorization, CG short of its tolerance) stops the solve with
    ``FACTORIZATION_FAILED``,

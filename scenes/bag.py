@@ -291,9 +291,9 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     7.35 s, end 8.45 s), the :data:`PROTOCOLS` entries.
 
     ``linear_solver``: the Newton linear solve (:class:`ipcjax.model.Config`); the bag
-    defaults to ``"sparse"`` (host sparse Cholesky, exact like the dense Cholesky and, on the
-    CPU, faster: 0.66× the dense Newton iteration on the 481-vertex bag with QDLDL's LDLᵀ,
-    before #30 made it CHOLMOD's; docs/benchmarks.md).
+    defaults to ``"sparse"`` (sparse Cholesky, exact like the dense Cholesky and, on the CPU,
+    faster: 0.66× the dense Newton iteration on the 481-vertex bag already with the host's
+    QDLDL, before #30 made it CHOLMOD's inside XLA; docs/benchmarks.md).
 
     Returns a :class:`BagScene`.
     """

@@ -367,8 +367,9 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
 def _first_step_cache(before: dict) -> dict:
     """The persistent compilation cache during the first step: its folder (None: off), the
     programs it returned (``hits``) and those compiled (``compiled``), and ``warm``: at
-    least one hit and nothing compiled. On the sparse path the step itself calls the host
-    (:mod:`ipcjax.ldl`), which JAX does not cache, so that step is never warm (see
+    least one hit and nothing compiled. The sparse step's direction is a custom call and is
+    cached; where that call cannot be built the step calls the host (:mod:`ipcjax.ldl`),
+    which JAX does not cache, so that step is never warm (see
     :mod:`ipcjax.compilation_cache`)."""
     import jax
 
