@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import ccd as _ccd
+from ipcjax.capacity import KIND_SLACK, kind_slots
 from ipcjax.model import Config
 from ipcjax.problem import StepProblem
 from ipcjax.stencils import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
@@ -39,14 +40,58 @@ def gap_lower_bound(x, ref_x, ref_gap, contacts: ContactSet):
     return ref_gap - 2.0 * jnp.sqrt(jnp.max(drift2[contacts.idx], axis=1))
 
 
+def slots_needed(counts, blocks):
+    """The smallest ``Capacity.active`` whose compacted sets hold ``counts`` rows (jittable).
+
+    ``counts``: (4,) rows of each kind (VT, EE, SF, SS), each at most that kind's candidate
+    rows ``blocks`` (static). The sets are blocked by kind (:func:`ipcjax.capacity.kind_slots`),
+    so the answer is the largest of the total and, for every kind, the smallest A whose
+    share ⌈A·b/M⌉ + :data:`~ipcjax.capacity.KIND_SLACK` holds its count:
+    ⌊(c − slack − 1)·M/b⌋ + 1 where c > slack. A compaction into ``size`` slots holds every
+    row exactly when this is ≤ ``size``.
+    """
+    total = sum(int(b) for b in blocks)
+    need = jnp.sum(counts).astype(jnp.int32)
+    for k, b in enumerate(blocks):
+        if b == 0:
+            continue
+        over = counts[k].astype(jnp.int64) - KIND_SLACK
+        share = jnp.where(over > 0, (over - 1) * total // int(b) + 1, 0)
+        need = jnp.maximum(need, share.astype(jnp.int32))
+    return need
+
+
+def kind_counts(mask, kind):
+    """(4,) int32: rows where ``mask`` holds, of each kind (VT, EE, SF, SS)."""
+    return jnp.stack([jnp.sum(mask & (kind == k), dtype=jnp.int32) for k in range(4)])
+
+
 def compact_contacts(contacts: ContactSet, mask, size: int):
     """The rows of ``contacts`` where ``mask`` holds, compacted into ``size`` slots (static).
 
-    Returns (contacts of ``size`` rows, ``blocks`` None, unused slots invalid; count). The
-    compacted set holds every such row only when count ≤ size.
+    Returns (contacts, count). With ``contacts.blocks`` (a query's candidate set) the rows
+    are compacted kind by kind into :func:`ipcjax.capacity.kind_slots` of ``size``, and the
+    result has those slots as its ``blocks``, so its closest points are computed with one
+    formula per row (:func:`ipcjax.stencils.contact_weights`); ``count`` is
+    :func:`slots_needed` of the rows of each kind. Without blocks, the rows fill ``size``
+    slots in order (``blocks`` None) and ``count`` is their number. Either way the rows
+    keep their order, unused slots are invalid, and the compacted set holds every row
+    where ``mask`` holds exactly when count ≤ size.
     """
-    rows, taken, count = active_rows(mask, size)
-    return ContactSet(contacts.idx[rows], contacts.kind[rows], taken), count
+    if contacts.blocks is None:
+        rows, taken, count = active_rows(mask, size)
+        return ContactSet(contacts.idx[rows], contacts.kind[rows], taken), count
+    slots = kind_slots(size, contacts.blocks)
+    parts, counts, start = [], [], 0
+    for b, n in zip(contacts.blocks, slots):
+        rows, taken, count = active_rows(mask[start:start + b], n)
+        parts.append((rows + start, taken))
+        counts.append(count)
+        start += b
+    rows = jnp.concatenate([r for r, _ in parts])
+    taken = jnp.concatenate([t for _, t in parts])
+    out = ContactSet(contacts.idx[rows], contacts.kind[rows], taken, slots)
+    return out, slots_needed(jnp.stack(counts), contacts.blocks)
 
 
 def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
@@ -67,9 +112,10 @@ def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
     pouch bag the reach set holds 475–620 of 14,445 candidate rows by the exact gaps, 619–712
     by the reference's lower bounds (docs/benchmarks.md).
 
-    ``size`` (static): slots of the compacted set. Returns (contacts (size rows,
-    ``blocks`` None), count); the set is complete only when count ≤ size — otherwise the
-    Newton solve stops with a capacity overflow and the host grows the slots.
+    ``size`` (static): ``Capacity.active``, the slots of the compacted set (blocked by
+    kind for a query's candidate set, see :func:`compact_contacts`). Returns (contacts,
+    count); the set is complete only when count ≤ size — otherwise the Newton solve stops
+    with a capacity overflow and the host grows the slots.
     """
     m2 = jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1)
     return compact_contacts(contacts, contacts.valid & (gap < dhat + 2.0 * jnp.sqrt(m2)), size)

@@ -41,7 +41,12 @@ stencil (:func:`ipcjax.line_search.reach_contacts`): every other row has a barri
 exactly 0 and a step bound of exactly 1 along the whole segment, so bound and Φ are
 those over every row, Φ up to the order of its sum. More rows in reach than slots is a
 ``CAPACITY_OVERFLOW`` like more rows inside d̂, and the host grows the slots to hold them.
-Each Armijo comparison takes Φ(x) on the same rows as its trial points.
+Each Armijo comparison takes Φ(x) on the same rows as its trial points. Both sets are
+compacted kind by kind (:func:`ipcjax.line_search.compact_contacts`: VT, EE, SF and SS rows
+in slots of their own, :func:`ipcjax.capacity.kind_slots` of ``Capacity.active``), so each
+row computes only its own kind's closest point; "more rows than slots" then means more
+than ``Capacity.active`` in all or more of one kind than its slots, and the count the host
+grows the capacity by is :func:`ipcjax.line_search.slots_needed`.
 
 Every function takes the step's :class:`~ipcjax.problem.StepProblem` beside x and the
 contact set.
@@ -73,7 +78,7 @@ from ipcjax import candidates as _cand
 from ipcjax import distance as _dist
 from ipcjax import lockstep
 from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
-                                reach_contacts, step_bound)
+                                kind_counts, reach_contacts, slots_needed, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks, incremental_potential
@@ -90,7 +95,7 @@ class CandidateStats(NamedTuple):
     n_sf: jnp.ndarray
     overflow: jnp.ndarray
     work: jnp.ndarray  # (2, 3) intermediate grid-buffer entries needed (see candidates.Candidates)
-    n_active: jnp.ndarray  # active contact rows the Hessian assembly needed (Capacity.active)
+    n_active: jnp.ndarray  # the Capacity.active the compacted contact rows needed (line_search.slots_needed)
 
     @staticmethod
     def of(c) -> "CandidateStats":
@@ -102,7 +107,8 @@ class CandidateStats(NamedTuple):
                               jnp.maximum(self.work, other.work), jnp.maximum(self.n_active, other.n_active))
 
     def with_active(self, n_active, size) -> "CandidateStats":
-        """Record an assembly's active-row count; above ``size`` (not None) it is an overflow."""
+        """Record the ``Capacity.active`` some compacted rows needed; above ``size`` (not None) it
+        is an overflow."""
         over = jnp.bool_(False) if size is None else n_active > size
         return self._replace(n_active=jnp.maximum(self.n_active, n_active), overflow=self.overflow | over)
 
@@ -219,6 +225,13 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
     def cond(s: NewtonState):
         return (s.phase != DIRECTION) | ((~s.converged) & (s.code == 0) & (s.iteration < config.max_newton))
 
+    def rows_needed(mask, kind):
+        """The ``Capacity.active`` the loop's compacted sets need for these rows (their number,
+        or more where the sets are blocked by kind: :func:`~ipcjax.line_search.slots_needed`)."""
+        if contacts_none.blocks is None:
+            return jnp.sum(mask, dtype=jnp.int32)
+        return slots_needed(kind_counts(mask, kind), contacts_none.blocks)
+
     def near_rows(s: NewtonState):
         """The rows that may lie inside d̂ at s.x, by the reference's lower bound."""
         return gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts) < dhat
@@ -233,7 +246,7 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         geom = stencil_geometry(x, sub, radius, min_gap)
         g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
         d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
-        n_in = jnp.sum(sub.valid & (d - geom.off < dhat), dtype=jnp.int32)
+        n_in = rows_needed(sub.valid & (d - geom.off < dhat), sub.kind)
         # n_near > active only with the reference at x (see direction_phase), where it is
         # the exact count inside d̂
         n_bar = jnp.where(n_near > active, n_near, n_in)
@@ -294,7 +307,7 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
             return direction_of(s)
         # more rows near x than the slots by the reference's bound: retake the reference at x
         # first (a QUERY pass without a query), where the bound is the gap itself
-        retake = (jnp.sum(near_rows(s)) > active) & ~s.ref_here
+        retake = (rows_needed(near_rows(s), s.contacts.kind) > active) & ~s.ref_here
         return jax.lax.cond(retake, lambda s: s._replace(phase=jnp.int32(QUERY), regap=jnp.bool_(True)),
                             direction_of, s)
 

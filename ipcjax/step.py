@@ -46,7 +46,7 @@ class StepInfo(NamedTuple):
     n_sf: jnp.ndarray
     overflow: jnp.ndarray
     work: jnp.ndarray
-    n_active: jnp.ndarray         # active contact rows the Hessian needed (Capacity.active)
+    n_active: jnp.ndarray         # the Capacity.active the step's contact rows needed (line_search.slots_needed)
     expansions: jnp.ndarray       # Newton iterations whose step went beyond α = 1 (Config.line_search_expansions)
 
 

@@ -15,7 +15,9 @@ from ipcjax import ldl
 from ipcjax.audit import audit_trajectory
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
-from ipcjax.line_search import reach_contacts
+from ipcjax.capacity import kind_slots
+from ipcjax.capacity import kind_slots
+from ipcjax.line_search import compact_contacts, reach_contacts
 from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, LinearSolver, SparseLDL, linear_solver
 from ipcjax.result import LinearStatus
 from ipcjax.model import Config, Controls, Params
@@ -302,12 +304,15 @@ def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_e
 def test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat(active_system):
     """``reach_contacts``: the rows with g < d̂ + 2·max‖Δxᵢ‖ over their stencil, in order, and
     no row outside that set comes inside d̂ anywhere on x → x + Δx (its barrier and its step
-    bound are those of a padding row); with fewer slots than rows the count says so (the
-    step's capacity overflow). The step-level overflow on this set is the slow test above's;
-    the overflow, growth and landing of a compacted step are the too-few-rows test's."""
+    bound are those of a padding row); the rows are compacted kind by kind into
+    ``kind_slots`` of the size, and with too few slots the count (the smallest size that
+    holds them, found here by search) says so (the step's capacity overflow). The
+    step-level overflow on this set is the slow test above's; the overflow, growth and
+    landing of a compacted step are the too-few-rows test's."""
     sc, m, p, _, x0, cs = active_system
     cfg = Config()
     M = cs.idx.shape[0]
+    assert cs.blocks is not None and sum(cs.blocks) == M  # a query's set, blocked by kind
     free = np.asarray(~m.fixed)[:, None]  # a Newton direction moves the free particles only
     dx = jnp.asarray(np.random.default_rng(7).normal(size=x0.shape) * 2e-4 * free)
     alphas = jnp.linspace(0.0, 1.0, 9)
@@ -322,20 +327,71 @@ def test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat(active_syste
 
     g, full, n, short, n_short, along = run(x0, dx)
     g, along, valid, idx = np.asarray(g), np.asarray(along), np.asarray(cs.valid), np.asarray(cs.idx)
+    kind = np.asarray(cs.kind)
     move = np.linalg.norm(np.asarray(dx), axis=1)[idx].max(axis=1)
     in_reach = valid & (g < cfg.dhat + 2 * move)
     n_in = int(np.sum(valid & (g < cfg.dhat)))
-    assert 8 < n_in < int(n) < int(valid.sum())  # the segment reaches rows beyond those inside d̂, not all
-    assert int(n) == int(in_reach.sum()) and int(n_short) == int(n)
-    taken = np.asarray(full.valid)
-    assert taken.sum() == int(n)
-    np.testing.assert_array_equal(np.asarray(full.idx)[taken], idx[in_reach])
-    np.testing.assert_array_equal(np.asarray(full.kind)[taken], np.asarray(cs.kind)[in_reach])
+    assert 8 < n_in < int(in_reach.sum()) < int(valid.sum())  # the segment reaches rows beyond those inside d̂, not all
+    counts = np.bincount(kind[in_reach], minlength=4)
+    # the count: the smallest size whose slots hold every kind's rows and whose total holds them all
+    holds = lambda a: a >= counts.sum() and all(s >= c for s, c in zip(kind_slots(a, cs.blocks), counts))
+    want = next(a for a in range(M + 1) if holds(a))
+    assert int(n) == want == int(n_short) and want >= int(in_reach.sum()) and want > 8
+    for size, got in ((M, full), (8, short)):
+        slots = kind_slots(size, cs.blocks)
+        assert got.blocks == slots and got.idx.shape[0] == sum(slots)
+        taken, start = np.asarray(got.valid), 0
+        for k, s in enumerate(slots):  # each kind's slots hold its first rows of the set, in order
+            rows = in_reach & (kind == k)
+            keep = min(s, int(rows.sum()))
+            assert taken[start:start + s].sum() == keep and taken[start:start + keep].all()
+            np.testing.assert_array_equal(np.asarray(got.idx)[start:start + keep], idx[rows][:keep])
+            assert (np.asarray(got.kind)[start:start + keep] == k).all()
+            start += s
+    assert np.asarray(full.valid).sum() == int(in_reach.sum())  # all of them, with every kind's rows in its slots
     outside = valid & ~in_reach
     assert outside.any() and np.all(along[:, outside] >= cfg.dhat)
-    # eight slots hold the first eight rows of the set, and the count tells that more exist
-    assert np.asarray(short.valid).all()
-    np.testing.assert_array_equal(np.asarray(short.idx), idx[in_reach][:8])
+
+
+def _smallest_size_holding(counts, blocks):
+    """By search: the smallest size whose kind slots hold ``counts`` and whose total holds their sum."""
+    return next(a for a in range(sum(blocks) + 1)
+                if a >= sum(counts) and all(s >= c for s, c in zip(kind_slots(a, blocks), counts)))
+
+
+@pytest.mark.parametrize("size", [1, 20, 60, 150, 183])
+def test_compaction_by_kind_keeps_each_kinds_rows_in_its_slots_and_counts_the_size_it_needs(size):
+    """``compact_contacts`` on a set blocked by kind (as a query builds it): each kind's rows,
+    in order, fill that kind's ``kind_slots``; the result is blocked by those slots, so its
+    closest points are each kind's own formula and equal the weights of the same rows in the
+    whole set; the count is the smallest size that holds every row (found by search), above
+    the size exactly when some row is left out or there are more rows than the size."""
+    blocks = (50, 120, 10, 3)
+    rng = np.random.default_rng(size)
+    kind = np.repeat(np.arange(4), blocks).astype(np.int8)
+    idx = rng.integers(0, 40, size=(sum(blocks), 4)).astype(np.int32)
+    mask = rng.random(sum(blocks)) < np.repeat([0.9, 0.5, 0.8, 1.0], blocks)
+    cs = ContactSet(jnp.asarray(idx), jnp.asarray(kind), jnp.ones(sum(blocks), bool), blocks)
+    sub, count = jax.jit(lambda c, m: compact_contacts(c, m, size))(cs, jnp.asarray(mask))
+    slots = kind_slots(size, blocks)
+    assert sub.blocks == slots and all(s <= b for s, b in zip(slots, blocks))
+    counts = [int(mask[kind == k].sum()) for k in range(4)]
+    assert int(count) == _smallest_size_holding(counts, blocks)
+    taken, start, kept = np.asarray(sub.valid), 0, 0
+    for k, s in enumerate(slots):
+        keep = min(s, counts[k])
+        assert taken[start:start + s].sum() == keep and taken[start:start + keep].all()
+        np.testing.assert_array_equal(np.asarray(sub.idx)[start:start + keep], idx[mask & (kind == k)][:keep])
+        assert (np.asarray(sub.kind)[start:start + s] == k).all()
+        start, kept = start + s, kept + keep
+    # an overflow: some row left out, or more rows in all than the size (the slots add up to more)
+    assert (int(count) > size) == (kept < sum(counts) or sum(counts) > size)
+    # the blocked set's closest points (one formula per kind) are the whole set's
+    x = jnp.asarray(rng.normal(size=(40, 3)))
+    w_sub = np.asarray(contact_weights(gather_stencils(x, sub), sub))
+    w_all = np.asarray(contact_weights(gather_stencils(x, cs), cs))
+    rows = np.concatenate([np.flatnonzero(mask & (kind == k))[:min(s, counts[k])] for k, s in enumerate(slots)])
+    np.testing.assert_allclose(w_sub[taken], w_all[rows], rtol=0, atol=1e-12)
 
 
 def test_per_block_weights_equal_the_kind_selected_ones(active_system):
