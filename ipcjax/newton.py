@@ -65,7 +65,8 @@ to SEARCH, so the iterates are bit for bit those of a loop that ran a whole iter
 pass. The switch is :func:`ipcjax.lockstep.switch`: a ``lax.switch`` here, and under
 ``vmap`` (an ensemble) it runs only the phases some member is in, where ``lax.switch``
 would run all three for every member on every pass; the same for QUERY's choice between
-a query and keeping the candidates (a retaken reference, the last pass's recheck).
+a query and keeping the candidates (a retaken reference, the last pass's recheck, and the
+step start on a set carried over from the last step: :func:`carried_solve`).
 """
 from __future__ import annotations
 
@@ -139,6 +140,16 @@ class SolveInfo(NamedTuple):
     stats: CandidateStats
     expansions: jnp.ndarray      # () int32 iterations whose step went beyond α = 1 (Config.line_search_expansions)
     rounded_gap: jnp.ndarray     # () smallest gap (m) at x* rounded to FP32, over the last candidate set
+    queries: jnp.ndarray         # () int32 candidate queries made: the step start's (0 on a carried set) and requeries
+
+
+class CandidateCarry(NamedTuple):
+    """A solve's last candidate set, handed to the next step's solve (:func:`carried_solve`)."""
+
+    contacts: ContactSet         # the candidates of the last query, complete for box ± skin/2
+    box: tuple                   # ((N, 3), (N, 3)) the swept box that query was made for, m
+    stats: CandidateStats        # that query's counts (no overflow, n_active 0)
+    held: jnp.ndarray            # () bool: holds a solved step's set; False: empty, the next solve queries
 
 
 #: What a pass of the Newton loop does (:class:`NewtonState`'s ``phase``).
@@ -182,6 +193,7 @@ class NewtonState(NamedTuple):
     regap: jnp.ndarray           # () bool: the next QUERY pass only retakes the reference gaps
     recheck: jnp.ndarray         # () bool: the next QUERY pass is the last: the gaps at x rounded to FP32
     rounded_gap: jnp.ndarray     # () the smallest of those gaps, m
+    queries: jnp.ndarray         # () int32 candidate queries made so far
 
 
 def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
@@ -193,6 +205,31 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
     :func:`~ipcjax.stencils.contact_gaps` ``(g, w, n)`` and freezes the friction set
     ``make_friction(contacts, (g, w, n))`` (a :class:`~ipcjax.problem.FrictionSet`), which
     replaces ``problem.context.friction`` for the whole solve.
+    """
+    return carried_solve(x_init, problem, make_friction, capacity=capacity, carry=None)[:5]
+
+
+def empty_carry(x, model: Model, config: Config, capacity) -> CandidateCarry:
+    """A :class:`CandidateCarry` that holds nothing, shaped for ``capacity``: the first step's."""
+    contacts, stats = jax.eval_shape(lambda a: query_contacts(a, a, model, config, capacity, skin=config.skin), x)
+    zeros = lambda tree: jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
+    return CandidateCarry(zeros(contacts), (x, x), zeros(stats), jnp.bool_(False))
+
+
+def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carry: CandidateCarry | None):
+    """:func:`newton_solve` that starts from the last step's candidate set where that holds:
+    returns its five results and the :class:`CandidateCarry` for the next step.
+
+    The step-start query is skipped when ``carry`` holds a set and x_init lies inside its
+    box ± skin/2: a query made with ``config.skin`` holds every stencil that can come within
+    d̂ while each particle stays there (the loop's reuse test), so that set is complete at
+    x_init as the fresh query is, and the first direction's swept box is tested against that
+    box as every later one is. The gaps at x_init, the friction set, the step-start contacts
+    and the overlap check are then taken on it; they are the fresh query's up to the order
+    of the rows. ``carry`` must come from a solve of the same model, config and capacity
+    (:func:`ipcjax.step.advance` keeps it so); None queries, as :func:`newton_solve` does.
+    The carry returned holds the solve's last set when the solve succeeded, nothing
+    otherwise.
     """
     model, config = problem.model, problem.config
     F = model.n_free
@@ -278,7 +315,9 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         first, regap, recheck = ~s.started, s.regap, s.recheck
         x = s.x
         lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
-        c2, s2 = lockstep.switch((regap | recheck).astype(jnp.int32),
+        keep = regap | recheck | (first & reuse0)
+        s = s._replace(queries=s.queries + (~keep).astype(jnp.int32))
+        c2, s2 = lockstep.switch(keep.astype(jnp.int32),
                                  [lambda _: query(x, jnp.where(first, x, x + s.dx)), lambda kept: kept],
                                  (s.contacts, s.stats))
         at = jnp.where(recheck, x.astype(jnp.float32).astype(x.dtype), x)
@@ -294,8 +333,9 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
         first, regap, x, g2 = ~s.started, s.regap, s.x, at_x[0]
         friction = jax.lax.cond(first, lambda: make_friction(c2, at_x), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
+        kept = regap | (first & reuse0)  # no query: the box stays the last query's
         return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)),
-                          box=jax.tree_util.tree_map(lambda u, v: jnp.where(regap, u, v), s.box,
+                          box=jax.tree_util.tree_map(lambda u, v: jnp.where(kept, u, v), s.box,
                                                      pick((x, x), swept)),
                           ref_x=x, ref_gap=g2, ref_here=jnp.bool_(True), regap=jnp.bool_(False), friction=friction,
                           contacts0=pick(c2, s.contacts0), gaps0=jnp.where(first, g2, s.gaps0),
@@ -407,18 +447,28 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
 
     gaps_shape = jax.eval_shape(lambda z, c: contact_gaps(z, c, radius, min_gap), x_init, contacts_none)
     friction_none = zeros(jax.eval_shape(make_friction, contacts_none, zeros(gaps_shape)))
-    init = NewtonState(x=x_init, contacts=contacts_none, stats=zeros(stats_shape), iteration=jnp.int32(0),
+    if carry is None:
+        reuse0, contacts_start, stats_start, box_start = jnp.bool_(False), contacts_none, zeros(stats_shape), None
+    else:
+        box_start = carry.box
+        reuse0 = (carry.held & jnp.all(x_init >= box_start[0] - half_skin)
+                  & jnp.all(x_init <= box_start[1] + half_skin))
+        contacts_start, stats_start = carry.contacts, carry.stats
+    init = NewtonState(x=x_init, contacts=contacts_start, stats=stats_start, iteration=jnp.int32(0),
                        converged=jnp.bool_(False), code=jnp.int32(0), trials=jnp.int32(0),
                        min_bound=jnp.asarray(1.0, x_init.dtype), step_norm=jnp.asarray(jnp.inf, x_init.dtype),
-                       box=(x_init, x_init), ref_x=x_init,
+                       box=(x_init, x_init) if box_start is None else box_start, ref_x=x_init,
                        ref_gap=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype), expansions=jnp.int32(0),
                        phase=jnp.int32(QUERY), dx=jnp.zeros_like(x_init), slope=jnp.zeros((), x_init.dtype),
                        friction=friction_none, contacts0=contacts_none,
                        gaps0=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype),
                        started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.bool_(False),
-                       recheck=jnp.bool_(False), rounded_gap=jnp.asarray(jnp.inf, x_init.dtype))
+                       recheck=jnp.bool_(False), rounded_gap=jnp.asarray(jnp.inf, x_init.dtype),
+                       queries=jnp.int32(0))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
+    carry_out = CandidateCarry(s.contacts, s.box, s.stats._replace(overflow=jnp.bool_(False), n_active=jnp.int32(0)),
+                               code == 0)
     return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions,
-                                            s.rounded_gap),
-            s.contacts0, s.gaps0)
+                                            s.rounded_gap, s.queries),
+            s.contacts0, s.gaps0, carry_out)

@@ -8,10 +8,16 @@ inputs (:func:`step_problem`: inertial target) and runs the Newton solve
 (:mod:`ipcjax.newton`), whose first pass queries the step-start contacts and freezes the
 lagged friction set over them.
 
+:func:`carried_step` is the same step started from the previous step's candidate set (a
+:class:`~ipcjax.newton.CandidateCarry`) where the positions still lie inside the box it was
+queried for ± skin/2, which saves the step-start query (:func:`ipcjax.newton.carried_solve`);
+it returns the carry for the next step.
+
 :func:`advance` is the host-level driver: it validates the input, reallocates candidate
 buffers above the real counts on overflow and redoes the step, and on a retryable failure
 (line search exhausted, iteration cap, gap lost in rounding) retries from the same input
-with two half-steps, recursively up to ``config.max_subdivisions`` levels.
+with two half-steps, recursively up to ``config.max_subdivisions`` levels. It steps with
+:func:`carried_step` and hands the carry on in its report (``StepReport.candidates``).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from ipcjax import candidates as _cand
 from ipcjax import compile_guard
 from ipcjax.energies.inertia import inertial_target
 from ipcjax.model import Config, Controls, Model, Params, State, check_controls, check_dt, check_params
-from ipcjax.newton import active_size, newton_solve, query_contacts
+from ipcjax.newton import CandidateCarry, active_size, carried_solve, empty_carry, query_contacts
 from ipcjax.problem import StepContext, StepInputs, StepProblem
 from ipcjax.result import RETRYABLE, StepCode, set_code
 from ipcjax.stencils import contact_gaps, friction_set
@@ -48,6 +54,7 @@ class StepInfo(NamedTuple):
     work: jnp.ndarray
     n_active: jnp.ndarray         # the Capacity.active the step's contact rows needed (line_search.slots_needed)
     expansions: jnp.ndarray       # Newton iterations whose step went beyond α = 1 (Config.line_search_expansions)
+    queries: jnp.ndarray          # candidate queries: the step start's (none on a carried set, see carried_step) and requeries
 
 
 def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
@@ -70,19 +77,24 @@ def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
     return StepProblem(model=model, params=params, controls=controls, context=ctx, config=config)
 
 
-def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity):
+def solve_positions(model: Model, inputs: StepInputs, config: Config, capacity, *, carry=None):
     """The unrounded minimiser x* (FP64) of one step's Φ from x₀ = ``inputs.x0``.
 
     Returns (x*, contacts at x*, step-start contacts, SolveInfo, the step-start contacts'
     gaps at x₀; a gap ≤ 0 is an initial overlap). Used by :func:`step` and by the implicit
-    VJP (:mod:`ipcjax.implicit`).
+    VJP (:mod:`ipcjax.implicit`). With ``carry`` (a :class:`~ipcjax.newton.CandidateCarry`)
+    the solve starts from the last step's candidates where they hold
+    (:func:`ipcjax.newton.carried_solve`), and the carry for the next step comes sixth.
     """
     active = active_size(capacity)
     problem = step_problem(model, config, inputs, None)
     make_friction = lambda contacts0, gaps0: friction_set(inputs.x0, contacts0, model.radius, inputs.params, config,
                                                           active=active, gaps=gaps0)
-    x, cs, sinfo, contacts0, gaps0 = newton_solve(inputs.x0, problem, make_friction, capacity=capacity)
-    return x, cs, contacts0, sinfo, gaps0
+    x, cs, sinfo, contacts0, gaps0, carry_out = carried_solve(inputs.x0, problem, make_friction, capacity=capacity,
+                                                              carry=carry)
+    if carry is None:
+        return x, cs, contacts0, sinfo, gaps0
+    return x, cs, contacts0, sinfo, gaps0, carry_out
 
 
 def recheck_rounded(model: Model, x32, config: Config, capacity, *, contacts=None):
@@ -115,13 +127,42 @@ def result_code(sinfo, gaps0, min_gap, stats):
     return set_code(code, StepCode.CAPACITY_OVERFLOW, where=stats.overflow)
 
 
-@partial(jax.jit, static_argnames=("capacity",))
 def step(model: Model, params: Params, state: State, controls: Controls, dt, *, config: Config, capacity):
-    """Advance one timestep of length dt (s). Returns (new state, StepInfo); see module doc."""
+    """Advance one timestep of length dt (s). Returns (new state, StepInfo); see module doc.
+
+    Jitted: it is :func:`carried_step` with a carry that holds nothing (so the step queries
+    its candidates at x₀), so that it and :func:`advance` share one compiled program."""
+    new, info, _ = carried_step(model, params, state, controls, dt, carry=_empty_carry(model, config, capacity),
+                                config=config, capacity=capacity)
+    return new, info
+
+
+@partial(jax.jit, static_argnames=("capacity",))
+def carried_step(model: Model, params: Params, state: State, controls: Controls, dt, *, carry: CandidateCarry,
+                 config: Config, capacity):
+    """:func:`step` that starts from the last step's candidate set ``carry`` where it holds
+    (:func:`ipcjax.newton.carried_solve`). Returns (new state, StepInfo, the carry for the
+    next step: empty when this step failed)."""
+    return _step(model, params, state, controls, dt, carry=carry, config=config, capacity=capacity)
+
+
+def _lower_step(model, params, state, controls, dt, *, config, capacity):
+    return carried_step.lower(model, params, state, controls, dt, carry=_empty_carry(model, config, capacity),
+                              config=config, capacity=capacity)
+
+
+# ``step``'s compiled program is ``carried_step``'s: its cache and its lowering (as a jitted
+# function's, for the benchmarks that count or compile the step program)
+step._cache_size = carried_step._cache_size
+step.lower = _lower_step
+
+
+def _step(model: Model, params: Params, state: State, controls: Controls, dt, *, carry, config: Config, capacity):
     x0 = state.x.astype(jnp.float64)
     v0 = state.v.astype(jnp.float64)
     dt = jnp.asarray(dt, jnp.float64)
-    x, _, _, sinfo, gaps0 = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity)
+    solved = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity, carry=carry)
+    x, _, _, sinfo, gaps0 = solved[:5]
     # storage precision; the solve's last pass took the gaps on exactly what will be stored
     # (recheck_rounded over its last candidate set)
     x32 = x.astype(jnp.float32)
@@ -136,8 +177,9 @@ def step(model: Model, params: Params, state: State, controls: Controls, dt, *, 
     )
     info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
                     stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active,
-                    sinfo.expansions)
-    return new_state, info
+                    sinfo.expansions, sinfo.queries)
+    carry_out = None if carry is None else solved[5]._replace(held=solved[5].held & ok)
+    return new_state, info, carry_out
 
 
 # --------------------------------------------------------------------------- host side
@@ -167,11 +209,44 @@ class StepReport(NamedTuple):
     wall_s: float
     capacity: object
     expansions: int               # Newton iterations that took an expanded step, summed over substeps
+    queries: int = 0              # candidate queries, summed as iterations is
+    candidates: object = None     # CarriedCandidates: the last step's candidate set, for the next advance
+
 
     def raise_if_failed(self):
         if not self.ok:
             raise StepFailed(f"step failed: {self.reason}", self.code, self)
         return self
+
+
+class CarriedCandidates(NamedTuple):
+    """The last step's candidate set as :func:`advance` hands it on (``StepReport.candidates``),
+    with the model, config and capacity it was made for: the next call uses it only for the
+    same three (:func:`ipcjax.newton.carried_solve` then checks that x₀ lies in its box)."""
+
+    model: object
+    config: Config
+    capacity: object
+    carry: CandidateCarry
+
+    def for_step(self, model, config, capacity) -> CandidateCarry | None:
+        """The carry when it was made for this model (the same object), config and capacity."""
+        same = self.model is model and self.config == config and self.capacity == capacity
+        return self.carry if same else None
+
+
+def _empty_carry(model: Model, config: Config, capacity) -> CandidateCarry:
+    """:func:`ipcjax.newton.empty_carry` for this model and capacity, its shapes traced once."""
+    key = (capacity, model.n_particles, len(model.topology.points), len(model.topology.triangles),
+           len(model.topology.edges), len(model.topology.spheres))
+    if key not in _EMPTY_SHAPES:
+        x = jax.ShapeDtypeStruct((model.n_particles, 3), jnp.float64)
+        _EMPTY_SHAPES[key] = jax.eval_shape(lambda z: empty_carry(z, model, config, capacity), x)
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), _EMPTY_SHAPES[key])
+    return zeros._replace(held=jnp.bool_(False))
+
+
+_EMPTY_SHAPES: dict = {}
 
 
 def validate_state(model: Model, state: State):
@@ -258,12 +333,18 @@ def make_state(x, v=None, t=0.0) -> State:
 
 
 def advance(model: Model, params: Params, state: State, controls: Controls, dt: float, *,
-            config: Config = Config(), capacity=None, validate: bool = True):
+            config: Config = Config(), capacity=None, validate: bool = True, candidates=None):
     """Host driver: one timestep with capacity reallocation and step subdivision.
 
     Returns (state, report). On failure after all subdivisions, or on a non-retryable
     failure (initial overlap, factorization failure, non-finite values), the returned
     state is the input state and ``report.ok`` is False with the reason.
+
+    ``candidates``: the previous call's ``report.candidates``. Each (sub)step starts from
+    the last step's candidate set where the positions still lie inside the box it was
+    queried for ± skin/2, instead of a fresh query (:func:`carried_step`); a set made for
+    another model object, config or capacity is not used. A loop passes it on as it passes
+    ``capacity`` (:func:`simulate` does).
 
     The parameters are canonicalised (:func:`ipcjax.model.check_params`) and dt checked on
     every call; with ``validate`` (the default) the controls, the state and its geometry are
@@ -284,22 +365,31 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         capacity = check_geometry(model, state.x, config, capacity)
     if capacity is None:
         capacity = _cand.initial_capacity(model.topology)
-    acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0, expansions=0)
+    acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0, expansions=0,
+               queries=0)
+    carry = None if candidates is None else candidates.for_step(model, config, capacity)
+    if carry is None:
+        carry = _empty_carry(model, config, capacity)
 
     def run(st, h, depth):
-        nonlocal capacity
+        nonlocal capacity, carry
         while True:
-            new, info = step(model, params, st, controls, h, config=config, capacity=capacity)
+            new, info, carry_new = carried_step(model, params, st, controls, h, carry=carry, config=config,
+                                                capacity=capacity)
             code = int(info.code)
             if code & StepCode.CAPACITY_OVERFLOW:
                 capacity = _cand.grow_capacity(capacity, int(info.n_vt), int(info.n_ee), int(info.n_sf),
                                                np.asarray(info.work), n_active=int(info.n_active))
+                carry = _empty_carry(model, config, capacity)  # the set's shapes follow the capacity
                 acc["realloc"] += 1
                 continue
             break
+        if code == 0:
+            carry = carry_new
         acc["iterations"] += int(info.iterations)
         acc["trials"] += int(info.line_search_trials)
         acc["expansions"] += int(info.expansions)
+        acc["queries"] += int(info.queries)
         acc["amin"] = min(acc["amin"], float(info.min_step_bound))
         if code == 0:
             acc["substeps"] += 1
@@ -319,7 +409,8 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         ok=code == 0, code=code, reason=StepCode.describe(code), substeps=acc["substeps"],
         max_depth=acc["max_depth"], iterations=acc["iterations"], line_search_trials=acc["trials"],
         min_step_bound=acc["amin"], min_gap=acc["gmin"], reallocations=acc["realloc"],
-        wall_s=time.perf_counter() - t_start, capacity=capacity, expansions=acc["expansions"])
+        wall_s=time.perf_counter() - t_start, capacity=capacity, expansions=acc["expansions"],
+        queries=acc["queries"], candidates=CarriedCandidates(model, config, capacity, carry))
     return (out if code == 0 else state), report
 
 
@@ -344,11 +435,11 @@ def simulate(model: Model, params: Params, state: State, controls, steps: int, *
     compile_guard.release_if_crowded()
     get = controls if callable(controls) else (lambda i, t: controls)
     frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
-    capacity = None
+    capacity, candidates = None, None
     for i in range(steps):
         state, rep = advance(model, params, state, get(i, float(state.t)), dt, config=config, capacity=capacity,
-                             validate=(i == 0))
-        capacity = rep.capacity
+                             validate=(i == 0), candidates=candidates)
+        capacity, candidates = rep.capacity, rep.candidates
         if not rep.ok:
             err = StepFailed(f"step {i} at t = {float(state.t):.5f} s failed: {rep.reason}", rep.code, rep)
             err.frames = np.stack(frames)

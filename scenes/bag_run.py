@@ -300,7 +300,7 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
     n_run = n_total - step_index
     run_phases = [choreo.phase_at(k * dt) for k in range(step_index, n_total)]  # for the progress bar's ETA
     bar = None  # started after the first step (see first_step_bar)
-    failure, reports, phases, capacity = None, [], [], None
+    failure, reports, phases, capacity, candidates = None, [], [], None, None
     min_gap = np.inf
     wall0 = time.perf_counter()
     first_step_s = None  # wall of this run's first step, which includes the jit compilation
@@ -325,14 +325,15 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
             print("bag: compiling (first step)…", file=sys.stderr, flush=True)
         try:
             state_new, rep = ipc_step.advance(sc.model, sc.params, state, choreo.controls_at(step_index, t), dt,
-                                              config=sc.config, capacity=capacity, validate=first_step_s is None)
+                                              config=sc.config, capacity=capacity, validate=first_step_s is None,
+                                              candidates=candidates)
         except KeyboardInterrupt:  # keep everything so far; resume continues from here
             failure = dict(phase=phase, time_s=t, step=step_index, reason="interrupted")
             break
         if first_step_s is None:
             first_step_s = time.perf_counter() - wall0
             first_step_cache = _first_step_cache(cache0)
-        capacity = rep.capacity
+        capacity, candidates = rep.capacity, rep.candidates
         if not rep.ok:
             failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))
             break
