@@ -17,7 +17,8 @@ it returns the carry for the next step.
 buffers above the real counts on overflow and redoes the step, and on a retryable failure
 (line search exhausted, iteration cap, gap lost in rounding) retries from the same input
 with two half-steps, recursively up to ``config.max_subdivisions`` levels. It steps with
-:func:`carried_step` and hands the carry on in its report (``StepReport.candidates``).
+:func:`carried_step` and keeps the carry in a :class:`CandidateCache` the caller passes to
+every call.
 """
 from __future__ import annotations
 
@@ -210,7 +211,6 @@ class StepReport(NamedTuple):
     capacity: object
     expansions: int               # Newton iterations that took an expanded step, summed over substeps
     queries: int = 0              # candidate queries, summed as iterations is
-    candidates: object = None     # CarriedCandidates: the last step's candidate set, for the next advance
 
 
     def raise_if_failed(self):
@@ -219,20 +219,29 @@ class StepReport(NamedTuple):
         return self
 
 
-class CarriedCandidates(NamedTuple):
-    """The last step's candidate set as :func:`advance` hands it on (``StepReport.candidates``),
-    with the model, config and capacity it was made for: the next call uses it only for the
-    same three (:func:`ipcjax.newton.carried_solve` then checks that x₀ lies in its box)."""
+class CandidateCache:
+    """The last step's candidate set, kept between :func:`advance` calls (its ``candidates``).
 
-    model: object
-    config: Config
-    capacity: object
-    carry: CandidateCarry
+    Create one per run and pass the same object to every call: ``advance`` reads the set
+    from it and puts the new one in its place, with the model object, config and capacity
+    it was made for, and uses a set only for the same three (:func:`carried_step` then checks
+    that x₀ lies inside its box ± skin/2). It holds one set at a time, and reports do not
+    hold it: a run that keeps its reports keeps no candidate sets.
+    """
+
+    def __init__(self):
+        self._made_for, self._carry = None, None
 
     def for_step(self, model, config, capacity) -> CandidateCarry | None:
-        """The carry when it was made for this model (the same object), config and capacity."""
-        same = self.model is model and self.config == config and self.capacity == capacity
-        return self.carry if same else None
+        """The set when it was made for this model (the same object), config and capacity."""
+        if self._made_for is None:
+            return None
+        m, c, cap = self._made_for
+        return self._carry if (m is model and c == config and cap == capacity) else None
+
+    def keep(self, model, config, capacity, carry: CandidateCarry):
+        """Hold ``carry``, made for this model, config and capacity, in place of the last."""
+        self._made_for, self._carry = (model, config, capacity), carry
 
 
 def _empty_carry(model: Model, config: Config, capacity) -> CandidateCarry:
@@ -340,11 +349,11 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
     failure (initial overlap, factorization failure, non-finite values), the returned
     state is the input state and ``report.ok`` is False with the reason.
 
-    ``candidates``: the previous call's ``report.candidates``. Each (sub)step starts from
-    the last step's candidate set where the positions still lie inside the box it was
-    queried for ± skin/2, instead of a fresh query (:func:`carried_step`); a set made for
-    another model object, config or capacity is not used. A loop passes it on as it passes
-    ``capacity`` (:func:`simulate` does).
+    ``candidates``: a :class:`CandidateCache` that a loop passes to every call (:func:`simulate`
+    does). Each (sub)step then starts from the last step's candidate set where the positions
+    still lie inside the box it was queried for ± skin/2, instead of a fresh query
+    (:func:`carried_step`), and the cache gets the step's last set; a set made for another
+    model object, config or capacity is not used. None: every step queries at x₀.
 
     The parameters are canonicalised (:func:`ipcjax.model.check_params`) and dt checked on
     every call; with ``validate`` (the default) the controls, the state and its geometry are
@@ -410,7 +419,9 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         max_depth=acc["max_depth"], iterations=acc["iterations"], line_search_trials=acc["trials"],
         min_step_bound=acc["amin"], min_gap=acc["gmin"], reallocations=acc["realloc"],
         wall_s=time.perf_counter() - t_start, capacity=capacity, expansions=acc["expansions"],
-        queries=acc["queries"], candidates=CarriedCandidates(model, config, capacity, carry))
+        queries=acc["queries"])
+    if candidates is not None:
+        candidates.keep(model, config, capacity, carry)
     return (out if code == 0 else state), report
 
 
@@ -435,11 +446,11 @@ def simulate(model: Model, params: Params, state: State, controls, steps: int, *
     compile_guard.release_if_crowded()
     get = controls if callable(controls) else (lambda i, t: controls)
     frames, times, reports = [np.asarray(state.x)], [float(state.t)], []
-    capacity, candidates = None, None
+    capacity, candidates = None, CandidateCache()
     for i in range(steps):
         state, rep = advance(model, params, state, get(i, float(state.t)), dt, config=config, capacity=capacity,
                              validate=(i == 0), candidates=candidates)
-        capacity, candidates = rep.capacity, rep.candidates
+        capacity = rep.capacity
         if not rep.ok:
             err = StepFailed(f"step {i} at t = {float(state.t):.5f} s failed: {rep.reason}", rep.code, rep)
             err.frames = np.stack(frames)

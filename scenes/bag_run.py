@@ -300,7 +300,8 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
     n_run = n_total - step_index
     run_phases = [choreo.phase_at(k * dt) for k in range(step_index, n_total)]  # for the progress bar's ETA
     bar = None  # started after the first step (see first_step_bar)
-    failure, reports, phases, capacity, candidates = None, [], [], None, None
+    failure, reports, phases, capacity = None, [], [], None
+    candidates = ipc_step.CandidateCache()  # the last step's candidate set, for the next step
     min_gap = np.inf
     wall0 = time.perf_counter()
     first_step_s = None  # wall of this run's first step, which includes the jit compilation
@@ -333,7 +334,7 @@ def _run(options: BagRunOptions, sc: BagScene, start: _Start, frames: _Frames) -
         if first_step_s is None:
             first_step_s = time.perf_counter() - wall0
             first_step_cache = _first_step_cache(cache0)
-        capacity, candidates = rep.capacity, rep.candidates
+        capacity = rep.capacity
         if not rep.ok:
             failure = dict(phase=phase, time_s=t, step=step_index, reason=rep.reason, code=int(rep.code))
             break

@@ -61,14 +61,14 @@ def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
     controls = Controls.empty(sc.model.n_particles)
     state = ipc_step.make_state(sc.x)
     frames, times, reports = [np.asarray(state.x)], [0.0], []
-    capacity, candidates, bar = None, None, None
+    capacity, candidates, bar = None, ipc_step.CandidateCache(), None
     t0 = time.perf_counter()
     if options.progress:
         print("drape: compiling (first step)…", file=sys.stderr, flush=True)
     for _ in range(options.steps):
         state, rep = ipc_step.advance(sc.model, params, state, controls, DT, config=config, capacity=capacity,
                                       candidates=candidates)
-        capacity, candidates = rep.capacity, rep.candidates
+        capacity = rep.capacity
         if not rep.ok:
             if bar is not None:
                 bar.close()

@@ -15,7 +15,7 @@ from ipcjax.potential import TERMS, gradient_and_blocks, gradient_and_hessian, i
 from ipcjax.problem import StepContext, StepInputs, StepProblem
 from ipcjax.result import RETRYABLE, StepCode
 from ipcjax.stencils import friction_set
-from ipcjax.step import advance, carried_step, check_geometry, make_state, step, step_problem
+from ipcjax.step import CandidateCache, advance, carried_step, check_geometry, make_state, step, step_problem
 from scenes.film import edge_edge_scene, hinge_scene, vertex_triangle_scene
 from tests.helpers import assert_nonzero, central_gradient, fp32_ulp, rel_err
 from tests.test_ensemble import members_equal_their_single_steps
@@ -318,36 +318,39 @@ def test_a_carried_candidate_set_skips_the_step_start_query_and_lands_where_a_fr
     """``carried_step`` from the last step's candidate set: x₀ inside the box it was queried
     for ± skin/2 makes no step-start query and ends where the step with a fresh query ends;
     the same set with its box moved away from x₀, or a carry that holds nothing, queries
-    afresh and gives that step bit for bit. ``advance`` hands the set on in its report and
-    uses it for the same model object, config and capacity only."""
+    afresh and gives that step bit for bit. ``advance`` keeps the set in the
+    ``CandidateCache`` it is given and uses it for the same model object, config and
+    capacity only."""
     sc = vertex_triangle_scene()
     m, p = sc.model, Params.film_defaults()
     ctl = Controls.empty(6, tolerance=TIGHT)
     st0 = make_state(sc.x, sc.v)
-    st1, rep1 = advance(m, p, st0, ctl, DT, config=CFG)
-    assert rep1.ok and rep1.queries >= 1 and rep1.candidates is not None
-    cap, carry = rep1.capacity, rep1.candidates.for_step(m, CFG, rep1.capacity)
+    cache = CandidateCache()
+    assert cache.for_step(m, CFG, C.initial_capacity(m.topology)) is None
+    st1, rep1 = advance(m, p, st0, ctl, DT, config=CFG, candidates=cache)
+    assert rep1.ok and rep1.queries >= 1
+    cap, carry = rep1.capacity, cache.for_step(m, CFG, rep1.capacity)
     assert carry is not None and bool(carry.held)
     fresh, info_f = step(m, p, st1, ctl, DT, config=CFG, capacity=cap)
     kept, info_k, carry2 = carried_step(m, p, st1, ctl, DT, carry=carry, config=CFG, capacity=cap)
     assert int(info_f.code) == int(info_k.code) == 0 and bool(carry2.held)
     assert int(info_f.queries) >= 1 and int(info_k.queries) == int(info_f.queries) - 1
     np.testing.assert_allclose(np.asarray(kept.x), np.asarray(fresh.x), rtol=0, atol=4 * fp32_ulp(0.01))
-    assert np.min(np.asarray(info_k.min_gap)) > 0 and float(info_k.min_gap) == pytest.approx(float(info_f.min_gap))
+    assert float(info_k.min_gap) > 0 and float(info_k.min_gap) == pytest.approx(float(info_f.min_gap))
     lo, hi = carry.box
     for away in (carry._replace(box=(lo + 1.0, hi + 1.0)), carry._replace(held=jnp.bool_(False))):
         out, info, _ = carried_step(m, p, st1, ctl, DT, carry=away, config=CFG, capacity=cap)
         assert int(info.queries) == int(info_f.queries)
         assert np.array_equal(np.asarray(out.x), np.asarray(fresh.x))
         assert int(info.iterations) == int(info_f.iterations)
-    # the driver: its report's set serves the next call, not another config, capacity or model object
-    st2, rep2 = advance(m, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=rep1.candidates, validate=False)
+    # the driver: the cache's set serves the next call, not another config, capacity or model object
+    st2, rep2 = advance(m, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=cache, validate=False)
     assert rep2.ok and rep2.queries == int(info_k.queries)
     assert np.array_equal(np.asarray(st2.x), np.asarray(kept.x))
+    assert cache.for_step(m, CFG, cap) is not None  # the second step's set, in place of the first's
     other_model = vertex_triangle_scene().model
-    assert rep1.candidates.for_step(m, Config(skin=2e-3), cap) is None
-    assert rep1.candidates.for_step(m, CFG, cap._replace(active=cap.active + 1)) is None
-    assert rep1.candidates.for_step(other_model, CFG, cap) is None
-    _, rep3 = advance(other_model, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=rep1.candidates,
-                      validate=False)
+    assert cache.for_step(m, Config(skin=2e-3), cap) is None
+    assert cache.for_step(m, CFG, cap._replace(active=cap.active + 1)) is None
+    assert cache.for_step(other_model, CFG, cap) is None
+    _, rep3 = advance(other_model, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=cache, validate=False)
     assert rep3.ok and rep3.queries == int(info_f.queries)
