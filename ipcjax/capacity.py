@@ -57,21 +57,30 @@ class Capacity(NamedTuple):
 #: share of ``Capacity.active`` (:func:`kind_slots`).
 KIND_SLACK = 32
 
+#: Every kind gets at least ``Capacity.active`` / KIND_FLOOR slots (:func:`kind_slots`).
+KIND_FLOOR = 4
+
 
 def kind_slots(active: int, blocks) -> tuple[int, ...]:
     """Static slots per kind (VT, EE, SF, SS) of the Newton loop's compacted contact sets.
 
     ``blocks``: the candidate rows of each kind (``ContactSet.blocks``). Each kind gets its
     share of ``active`` in proportion to its candidate rows, rounded up, plus
-    :data:`KIND_SLACK`, and never more than its candidate rows. The rows near a film are
-    spread over the kinds much as its candidates are (at the bag's tie 23 %, 72 % and 4 %
-    of the rows inside reach are VT, EE and SF; 26 %, 71 % and 4 % of the candidate rows),
-    so the slots add up to little more than ``active``, and a row computes only its own
-    kind's closest point instead of every kind's. The smallest ``active`` whose slots hold
-    given counts is :func:`ipcjax.line_search.slots_needed`.
+    :data:`KIND_SLACK`, and at least ``active`` / :data:`KIND_FLOOR` (rounded up), but never
+    more than its candidate rows. Near a film the rows spread over VT and EE much as the
+    candidates do, so those slots add up to little more than ``active``, and a row computes
+    only its own kind's closest point instead of every kind's. Sphere rows can be far more
+    than their share: the SF block is small (256 of the bag's 14,181 candidate rows), and
+    when the spheres settle on the film (step 262 of the protocol) holding its near rows by
+    share alone grew ``Capacity.active`` from 1,878 to 5,299, which made every set larger
+    and the whole protocol 1.4 times slower (docs/benchmarks.md); with the floor it stays
+    at 1,878. The smallest ``active`` whose slots hold given counts is
+    :func:`ipcjax.line_search.slots_needed`.
     """
     total = sum(int(b) for b in blocks)
-    return tuple(0 if b == 0 else min(int(b), -(-int(active) * int(b) // total) + KIND_SLACK) for b in blocks)
+    floor = -(-int(active) // KIND_FLOOR)
+    return tuple(0 if b == 0 else min(int(b), max(-(-int(active) * int(b) // total) + KIND_SLACK, floor))
+                 for b in blocks)
 
 
 def resolve_capacity(capacity: Capacity, topo: ContactTopology) -> Capacity:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import ccd as _ccd
-from ipcjax.capacity import KIND_SLACK, kind_slots
+from ipcjax.capacity import KIND_FLOOR, KIND_SLACK, kind_slots
 from ipcjax.model import Config
 from ipcjax.problem import StepProblem
 from ipcjax.stencils import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
@@ -44,20 +44,23 @@ def slots_needed(counts, blocks):
     """The smallest ``Capacity.active`` whose compacted sets hold ``counts`` rows (jittable).
 
     ``counts``: (4,) rows of each kind (VT, EE, SF, SS), each at most that kind's candidate
-    rows ``blocks`` (static). The sets are blocked by kind (:func:`ipcjax.capacity.kind_slots`),
-    so the answer is the largest of the total and, for every kind, the smallest A whose
-    share ⌈A·b/M⌉ + :data:`~ipcjax.capacity.KIND_SLACK` holds its count:
-    ⌊(c − slack − 1)·M/b⌋ + 1 where c > slack. A compaction into ``size`` slots holds every
-    row exactly when this is ≤ ``size``.
+    rows ``blocks`` (static). The sets are blocked by kind (:func:`ipcjax.capacity.kind_slots`:
+    max(⌈A·b/M⌉ + slack, ⌈A/floor⌉) slots for a kind of b of the M candidate rows), so the
+    answer is the largest of the total and, for every kind with c > 0 rows, the smaller of
+    the smallest A whose share holds them, ⌊(c − slack − 1)·M/b⌋ + 1 (0 where c ≤ slack),
+    and the smallest A whose floor does, floor·(c − 1) + 1. A compaction into ``size`` slots
+    holds every row exactly when this is ≤ ``size``.
     """
     total = sum(int(b) for b in blocks)
     need = jnp.sum(counts).astype(jnp.int32)
     for k, b in enumerate(blocks):
         if b == 0:
             continue
-        over = counts[k].astype(jnp.int64) - KIND_SLACK
+        c = counts[k].astype(jnp.int64)
+        over = c - KIND_SLACK
         share = jnp.where(over > 0, (over - 1) * total // int(b) + 1, 0)
-        need = jnp.maximum(need, share.astype(jnp.int32))
+        floor = jnp.where(c > 0, KIND_FLOOR * (c - 1) + 1, 0)
+        need = jnp.maximum(need, jnp.minimum(share, floor).astype(jnp.int32))
     return need
 
 

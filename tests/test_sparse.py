@@ -15,8 +15,8 @@ from ipcjax import ldl
 from ipcjax.audit import audit_trajectory
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
-from ipcjax.capacity import kind_slots
-from ipcjax.capacity import kind_slots
+from ipcjax.capacity import KIND_FLOOR, kind_slots
+from ipcjax.capacity import KIND_FLOOR, kind_slots
 from ipcjax.line_search import compact_contacts, reach_contacts
 from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, LinearSolver, SparseLDL, linear_solver
 from ipcjax.result import LinearStatus
@@ -375,6 +375,7 @@ def test_compaction_by_kind_keeps_each_kinds_rows_in_its_slots_and_counts_the_si
     sub, count = jax.jit(lambda c, m: compact_contacts(c, m, size))(cs, jnp.asarray(mask))
     slots = kind_slots(size, blocks)
     assert sub.blocks == slots and all(s <= b for s, b in zip(slots, blocks))
+    assert all(s >= min(b, -(-size // KIND_FLOOR)) for s, b in zip(slots, blocks))  # no kind below the floor
     counts = [int(mask[kind == k].sum()) for k in range(4)]
     assert int(count) == _smallest_size_holding(counts, blocks)
     taken, start, kept = np.asarray(sub.valid), 0, 0
