@@ -57,7 +57,8 @@ def worker(root, state, steps, out):
     n = s["steps_this_run"]
     return dict(steps=n, wall_s=s["wall_s"], first_step_s=s["first_step_s"],
                 per_step_after_first_s=(s["wall_s"] - s["first_step_s"]) / max(n - 1, 1),
-                newton_iterations=s["newton_iterations"], min_gap_m=s["min_gap_m"],
+                newton_iterations=s["newton_iterations"], candidate_queries=s.get("candidate_queries"),
+                min_gap_m=s["min_gap_m"],
                 frames_with_self_intersection=s["audit"]["frames_with_self_intersection"],
                 audit_min_film_film_m=s["audit"]["min_film_film_m"], run_bag_s=run_bag_s,
                 outside_stepping_s=run_bag_s - s["wall_s"],

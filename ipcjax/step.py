@@ -251,8 +251,9 @@ def _empty_carry(model: Model, config: Config, capacity) -> CandidateCarry:
     if key not in _EMPTY_SHAPES:
         x = jax.ShapeDtypeStruct((model.n_particles, 3), jnp.float64)
         _EMPTY_SHAPES[key] = jax.eval_shape(lambda z: empty_carry(z, model, config, capacity), x)
-    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), _EMPTY_SHAPES[key])
-    return zeros._replace(held=jnp.bool_(False))
+    # numpy zeros put on the device: jnp.zeros would compile a small program per new shape
+    zeros = jax.tree_util.tree_map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)), _EMPTY_SHAPES[key])
+    return zeros._replace(held=jnp.asarray(np.bool_(False)))
 
 
 _EMPTY_SHAPES: dict = {}

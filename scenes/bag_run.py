@@ -416,6 +416,7 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, a
         wall_s_per_simulated_s_after_first_step=((wall - first_step_s) / ((n - 1) * sc.dt)
                                                  if n > 1 and first_step_s is not None else None),
         newton_iterations=int(sum(r.iterations for r in reports)),
+        candidate_queries=int(sum(r.queries for r in reports)),
         newton_iterations_by_phase=iterations_by_phase(run["phases"], [r.iterations for r in reports]),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
         min_gap_m=run["min_gap_m"], unfold_checked=run["unfold_checked"], failure=run["failure"],

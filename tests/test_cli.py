@@ -62,6 +62,8 @@ def test_bag_job_records_its_solver_and_first_step(tmp_path):
     assert phase == "place" and d["steps"] == 3 and d["iterations"] == s["newton_iterations"] > 0
     assert sum(d["histogram"].values()) == 3
     assert sum(int(k) * v for k, v in d["histogram"].items()) == d["iterations"]
+    # the first step queries its candidates; the next ones start from the last step's set
+    assert 1 <= s["candidate_queries"] < 3 + d["iterations"]
     with pytest.raises(SystemExit):
         main(["bag", "--linear-solver", "lu", "--out", str(out)])
 
