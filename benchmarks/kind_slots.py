@@ -9,7 +9,7 @@ x₀ as a step's first pass does, and the rows within d̂ + --band of x₀ are c
 query's set: each kind in its ``capacity.kind_slots``, one closest-point formula per row),
 and in one run of slots as before #30's change (the same rows through a set without
 ``blocks``: every slot computes the point–triangle and the edge–edge weights). Timed, each
-jitted alone with one XLA thread, best of --repeat: Φ (``potential.incremental_potential``),
+jitted alone with one XLA thread as the jobs run (``xla_threads``), best of --repeat: Φ (``potential.incremental_potential``),
 each of its terms, and the stencil geometry (positions, weights, offsets). Also checked: Φ
 and the barrier are the same both ways (printed). Prints JSON.
 """
@@ -21,8 +21,8 @@ import os
 import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def _best(fn, args, repeat):
@@ -38,11 +38,13 @@ def _best(fn, args, repeat):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--state", default="scenes/data/bag_full_tie.npz")
+    ap.add_argument("--state", default=os.path.join(ROOT, "scenes/data/bag_full_tie.npz"))
     ap.add_argument("--band", type=float, default=1e-4, help="rows within d̂ + band of x₀ (m)")
     ap.add_argument("--repeat", type=int, default=30)
     a = ap.parse_args(argv)
+    from ipcjax import xla_threads
 
+    threads = xla_threads.single_threaded_xla()  # as the jobs run, before JAX starts its backend
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -70,7 +72,7 @@ def main(argv=None):
     pb = jax.jit(lambda i: step_problem(model, config, i, cs, active=active))(inputs)
     out = dict(state=a.state, time_s=b.time_s, band_m=a.band, capacity_active=active, candidate_blocks=cs.blocks,
                rows=int(n), rows_by_kind=np.bincount(np.asarray(cs.kind)[np.asarray(mask)], minlength=4).tolist(),
-               kind_slots=kind_slots(active, cs.blocks), slots_needed=int(need), xla_flags=os.environ["XLA_FLAGS"],
+               kind_slots=kind_slots(active, cs.blocks), slots_needed=int(need), xla_threads=threads,
                ms={})
     for name, sub in (("blocked_by_kind", blocked), ("one_run", one_run)):
         r = dict(phi=_best(jax.jit(lambda x, p, c: incremental_potential(x, p, c)), (x0, pb, sub), a.repeat),

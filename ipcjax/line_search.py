@@ -64,9 +64,13 @@ def slots_needed(counts, blocks):
     return need
 
 
-def kind_counts(mask, kind):
-    """(4,) int32: rows where ``mask`` holds, of each kind (VT, EE, SF, SS)."""
-    return jnp.stack([jnp.sum(mask & (kind == k), dtype=jnp.int32) for k in range(4)])
+def block_counts(mask, blocks):
+    """(4,) int32: rows where ``mask`` holds in each block of a set blocked by kind (``blocks``,
+    static: a query's candidate rows, or a compacted set's slots, per kind)."""
+    bounds = [0]
+    for b in blocks:
+        bounds.append(bounds[-1] + int(b))
+    return jnp.stack([jnp.sum(mask[a:b], dtype=jnp.int32) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def compact_contacts(contacts: ContactSet, mask, size: int):
@@ -85,16 +89,15 @@ def compact_contacts(contacts: ContactSet, mask, size: int):
         rows, taken, count = active_rows(mask, size)
         return ContactSet(contacts.idx[rows], contacts.kind[rows], taken), count
     slots = kind_slots(size, contacts.blocks)
-    parts, counts, start = [], [], 0
+    parts, start = [], 0
     for b, n in zip(contacts.blocks, slots):
-        rows, taken, count = active_rows(mask[start:start + b], n)
+        rows, taken, _ = active_rows(mask[start:start + b], n)
         parts.append((rows + start, taken))
-        counts.append(count)
         start += b
     rows = jnp.concatenate([r for r, _ in parts])
     taken = jnp.concatenate([t for _, t in parts])
     out = ContactSet(contacts.idx[rows], contacts.kind[rows], taken, slots)
-    return out, slots_needed(jnp.stack(counts), contacts.blocks)
+    return out, slots_needed(block_counts(mask, contacts.blocks), contacts.blocks)
 
 
 def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):

@@ -79,7 +79,7 @@ from ipcjax import candidates as _cand
 from ipcjax import distance as _dist
 from ipcjax import lockstep
 from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
-                                kind_counts, reach_contacts, slots_needed, step_bound)
+                                block_counts, reach_contacts, slots_needed, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks, incremental_potential
@@ -262,12 +262,14 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
     def cond(s: NewtonState):
         return (s.phase != DIRECTION) | ((~s.converged) & (s.code == 0) & (s.iteration < config.max_newton))
 
-    def rows_needed(mask, kind):
-        """The ``Capacity.active`` the loop's compacted sets need for these rows (their number,
-        or more where the sets are blocked by kind: :func:`~ipcjax.line_search.slots_needed`)."""
+    def rows_needed(mask, blocks):
+        """The ``Capacity.active`` the loop's compacted sets need for the rows where ``mask``
+        holds in a set with these ``blocks`` (the candidates', or a compacted set's slots):
+        their number, or more where the sets are blocked by kind
+        (:func:`~ipcjax.line_search.slots_needed`)."""
         if contacts_none.blocks is None:
             return jnp.sum(mask, dtype=jnp.int32)
-        return slots_needed(kind_counts(mask, kind), contacts_none.blocks)
+        return slots_needed(block_counts(mask, blocks), contacts_none.blocks)
 
     def near_rows(s: NewtonState):
         """The rows that may lie inside d̂ at s.x, by the reference's lower bound."""
@@ -283,7 +285,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         geom = stencil_geometry(x, sub, radius, min_gap)
         g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
         d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
-        n_in = rows_needed(sub.valid & (d - geom.off < dhat), sub.kind)
+        n_in = rows_needed(sub.valid & (d - geom.off < dhat), sub.blocks)
         # n_near > active only with the reference at x (see direction_phase), where it is
         # the exact count inside d̂
         n_bar = jnp.where(n_near > active, n_near, n_in)
@@ -347,7 +349,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
             return direction_of(s)
         # more rows near x than the slots by the reference's bound: retake the reference at x
         # first (a QUERY pass without a query), where the bound is the gap itself
-        retake = (rows_needed(near_rows(s), s.contacts.kind) > active) & ~s.ref_here
+        retake = (rows_needed(near_rows(s), s.contacts.blocks) > active) & ~s.ref_here
         return jax.lax.cond(retake, lambda s: s._replace(phase=jnp.int32(QUERY), regap=jnp.bool_(True)),
                             direction_of, s)
 

@@ -158,12 +158,13 @@ step._cache_size = carried_step._cache_size
 step.lower = _lower_step
 
 
-def _step(model: Model, params: Params, state: State, controls: Controls, dt, *, carry, config: Config, capacity):
+def _step(model: Model, params: Params, state: State, controls: Controls, dt, *, carry: CandidateCarry, config: Config,
+          capacity):
     x0 = state.x.astype(jnp.float64)
     v0 = state.v.astype(jnp.float64)
     dt = jnp.asarray(dt, jnp.float64)
     solved = solve_positions(model, StepInputs(params, x0, v0, controls, dt), config, capacity, carry=carry)
-    x, _, _, sinfo, gaps0 = solved[:5]
+    x, _, _, sinfo, gaps0, carry_out = solved
     # storage precision; the solve's last pass took the gaps on exactly what will be stored
     # (recheck_rounded over its last candidate set)
     x32 = x.astype(jnp.float32)
@@ -179,8 +180,7 @@ def _step(model: Model, params: Params, state: State, controls: Controls, dt, *,
     info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
                     stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active,
                     sinfo.expansions, sinfo.queries)
-    carry_out = None if carry is None else solved[5]._replace(held=solved[5].held & ok)
-    return new_state, info, carry_out
+    return new_state, info, carry_out._replace(held=carry_out.held & ok)
 
 
 # --------------------------------------------------------------------------- host side
@@ -211,7 +211,6 @@ class StepReport(NamedTuple):
     capacity: object
     expansions: int               # Newton iterations that took an expanded step, summed over substeps
     queries: int = 0              # candidate queries, summed as iterations is
-
 
     def raise_if_failed(self):
         if not self.ok:
@@ -245,18 +244,19 @@ class CandidateCache:
 
 
 def _empty_carry(model: Model, config: Config, capacity) -> CandidateCarry:
-    """:func:`ipcjax.newton.empty_carry` for this model and capacity, its shapes traced once."""
+    """:func:`ipcjax.newton.empty_carry` for this capacity and these topology sizes, made once
+    (its arrays are immutable, so every step can share them)."""
     key = (capacity, model.n_particles, len(model.topology.points), len(model.topology.triangles),
            len(model.topology.edges), len(model.topology.spheres))
-    if key not in _EMPTY_SHAPES:
+    if key not in _EMPTY_CARRIES:
         x = jax.ShapeDtypeStruct((model.n_particles, 3), jnp.float64)
-        _EMPTY_SHAPES[key] = jax.eval_shape(lambda z: empty_carry(z, model, config, capacity), x)
-    # numpy zeros put on the device: jnp.zeros would compile a small program per new shape
-    zeros = jax.tree_util.tree_map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)), _EMPTY_SHAPES[key])
-    return zeros._replace(held=jnp.asarray(np.bool_(False)))
+        shapes = jax.eval_shape(lambda z: empty_carry(z, model, config, capacity), x)
+        # numpy zeros put on the device (held False): jnp.zeros would compile a program per shape
+        _EMPTY_CARRIES[key] = jax.tree_util.tree_map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)), shapes)
+    return _EMPTY_CARRIES[key]
 
 
-_EMPTY_SHAPES: dict = {}
+_EMPTY_CARRIES: dict = {}
 
 
 def validate_state(model: Model, state: State):
@@ -362,13 +362,17 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
 
     Raises:
         TypeError, ValueError: bad input (out-of-range parameters, dt ≤ 0, wrong shapes,
-            non-finite values, indices out of range, initial overlap), before any solve.
+            non-finite values, indices out of range, initial overlap, ``candidates`` not a
+            :class:`CandidateCache`), before any solve.
     """
     t_start = time.perf_counter()
     params = check_params(params)
     dt = float(check_dt(dt))
     if capacity is not None:
         _cand.check_capacity(capacity)
+    if candidates is not None and not isinstance(candidates, CandidateCache):
+        raise TypeError("candidates must be an ipcjax.step.CandidateCache (one per run); "
+                        f"got {type(candidates).__name__}")
     if validate:
         check_controls(model, controls)
         validate_state(model, state)

@@ -354,3 +354,5 @@ def test_a_carried_candidate_set_skips_the_step_start_query_and_lands_where_a_fr
     assert cache.for_step(other_model, CFG, cap) is None
     _, rep3 = advance(other_model, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=cache, validate=False)
     assert rep3.ok and rep3.queries == int(info_f.queries)
+    with pytest.raises(TypeError, match="CandidateCache"):  # e.g. the carry itself: refused before any solve
+        advance(m, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=carry)
