@@ -39,7 +39,9 @@ class Capacity(NamedTuple):
         loop compacts the rows its assembly, step bound and line search need by kind:
         each kind gets its own slots, :func:`kind_slots` of ``active``, so that each row
         computes only its own kind's closest point (:mod:`ipcjax.newton`). More rows than
-        ``active`` in all, or more of one kind than its slots, is an overflow.
+        ``active`` in all, or more of one kind than its slots, is an overflow (except in
+        reach of a line search's segment, which is cut where its rows fit:
+        :func:`ipcjax.line_search.reach_scale`).
         None: no compaction, every candidate row is assembled and searched.
     None grids pick a size from the topology; any size is safe (too small only raises
     the overflow flag).

@@ -6,7 +6,8 @@ until Φ decreases enough. Both take the step's :class:`~ipcjax.problem.StepProb
 :func:`expand` doubles an accepted full step while Φ keeps falling (``Config.line_search_expansions``),
 inside a step bound and a candidate box of its own (:func:`box_limit`).
 :func:`reach_contacts` picks out the few candidate rows either of them can see along
-x → x + Δx, so that both can run over those rows only (:mod:`ipcjax.newton`).
+x → x + Δx, so that both can run over those rows only (:mod:`ipcjax.newton`), and
+:func:`reach_scale` shortens a segment whose rows would not fit their slots.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import ccd as _ccd
+from ipcjax import lockstep
 from ipcjax.capacity import KIND_FLOOR, KIND_SLACK, kind_slots
 from ipcjax.model import Config
 from ipcjax.problem import StepProblem
@@ -120,11 +122,72 @@ def reach_contacts(dx, contacts: ContactSet, gap, dhat, size: int):
 
     ``size`` (static): ``Capacity.active``, the slots of the compacted set (blocked by
     kind for a query's candidate set, see :func:`compact_contacts`). Returns (contacts,
-    count); the set is complete only when count ≤ size — otherwise the Newton solve stops
-    with a capacity overflow and the host grows the slots.
+    count); the set is complete only when count ≤ size. The Newton solve keeps it so: it
+    cuts a segment whose set would not fit (:func:`reach_scale`), and where none can be cut
+    it stops with a capacity overflow and the host grows the slots.
     """
-    m2 = jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1)
-    return compact_contacts(contacts, contacts.valid & (gap < dhat + 2.0 * jnp.sqrt(m2)), size)
+    return compact_contacts(contacts, contacts.valid & (gap < dhat + 2.0 * _row_motion(dx, contacts)), size)
+
+
+def reach_need(dx, contacts: ContactSet, gap, dhat):
+    """The ``Capacity.active`` that :func:`reach_contacts` of the same arguments needs (its count)."""
+    return _slots_of(contacts.valid & (gap < dhat + 2.0 * _row_motion(dx, contacts)), contacts)
+
+
+def _slots_of(mask, contacts: ContactSet):
+    if contacts.blocks is None:
+        return jnp.sum(mask, dtype=jnp.int32)
+    return slots_needed(block_counts(mask, contacts.blocks), contacts.blocks)
+
+
+def _row_motion(dx, contacts: ContactSet):
+    """(M,) the largest ‖Δxᵢ‖ over each row's particles, m."""
+    return jnp.sqrt(jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1))
+
+
+def reach_scale(dx, contacts: ContactSet, gap, dhat, size: int):
+    """The largest s ∈ (0, 1] whose segment x → x + sΔx has a reach set (:func:`reach_contacts`)
+    that fits ``size`` slots: 1 when the whole segment's does.
+
+    A row of gap g (a lower bound, as :func:`reach_contacts` takes) whose particles move by
+    at most m along Δx is in the reach set of x → x + sΔx when g < d̂ + 2sm, that is from
+    s > (g − d̂)/2m on (from s = 0 on when g < d̂). Where the whole segment's rows overflow
+    the slots, of the whole set or of a kind's block (:func:`compact_contacts`), the
+    segment is cut at the first entry that no longer fits: so its rows fit, and no row it
+    leaves out can come within d̂ on it. A long direction with many primitives within a few
+    of its lengths (a film lifted fast past the spheres) is then searched on a shorter
+    segment, and the next Newton iteration goes on from there, instead of stopping the step
+    with a capacity overflow that regrows every compacted set for the rest of a run
+    (docs/design.md). Returns 1 where the set fits, and where the rows inside d̂ alone
+    would take more than half the slots: those slots are short for the rows at x itself,
+    and a cut would leave the segment only the few left (a crawl of tiny steps), so the
+    caller's overflow stands and the host grows them.
+    """
+    m = _row_motion(dx, contacts)
+    need = _slots_of(contacts.valid & (gap < dhat + 2.0 * m), contacts)
+    # the rows inside d̂ take more than half the slots: they are short, not the segment long
+    tight = 2 * _slots_of(contacts.valid & (gap < dhat), contacts) > size
+
+    def shorter():
+        # where each row enters the reach set (0: inside d̂ already, ∞: never on Δx)
+        enter = jnp.where(gap < dhat, 0.0, jnp.where(m > 0, (gap - dhat) / jnp.where(m > 0, 2.0 * m, 1.0), jnp.inf))
+        enter = jnp.where(contacts.valid, enter, jnp.inf)
+
+        def first_left_out(values, n):  # the (n+1)-th smallest entry: the first row n slots leave out
+            return -jax.lax.top_k(-values, n + 1)[0][n] if values.shape[0] > n else jnp.inf
+
+        cut = first_left_out(enter, size)
+        if contacts.blocks is not None:
+            start = 0
+            for b, n in zip(contacts.blocks, kind_slots(size, contacts.blocks)):
+                cut = jnp.minimum(cut, first_left_out(enter[start:start + b], n))
+                start += b
+        # a hair short of that entry, so that the set recomputed at sΔx leaves it out too
+        return jnp.where((cut > 0) & (cut < 1), cut * (1.0 - 1e-9), 1.0).astype(dx.dtype)
+
+    # a branch under vmap too (ipcjax.lockstep): the ensembles' members skip it alike
+    return lockstep.switch(((need > size) & ~tight).astype(jnp.int32), [lambda one: one, lambda one: shorter()],
+                           jnp.ones((), dx.dtype))
 
 
 def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: StencilGeometry | None = None):

@@ -39,8 +39,12 @@ and H; more rows inside d̂ than slots is a ``CAPACITY_OVERFLOW``, and the host 
 capacity). Steps 5 and 6 run over the rows whose bound is below d̂ + 2·max‖Δxᵢ‖ of their
 stencil (:func:`ipcjax.line_search.reach_contacts`): every other row has a barrier of
 exactly 0 and a step bound of exactly 1 along the whole segment, so bound and Φ are
-those over every row, Φ up to the order of its sum. More rows in reach than slots is a
-``CAPACITY_OVERFLOW`` like more rows inside d̂, and the host grows the slots to hold them.
+those over every row, Φ up to the order of its sum. More rows in reach than slots (by
+the exact gaps: the reference is retaken at x first) shortens the segment to
+x → x + sΔx, just short of the first row that would not fit
+(:func:`ipcjax.line_search.reach_scale`), and steps 5 and 6 run on that; only where the
+rows inside d̂ take more than half the slots is it a ``CAPACITY_OVERFLOW`` like more rows
+inside d̂, and the host grows the slots to hold them.
 Each Armijo comparison takes Φ(x) on the same rows as its trial points. Both sets are
 compacted kind by kind (:func:`ipcjax.line_search.compact_contacts`: VT, EE, SF and SS rows
 in slots of their own, :func:`ipcjax.capacity.kind_slots` of ``Capacity.active``), so each
@@ -79,7 +83,8 @@ from ipcjax import candidates as _cand
 from ipcjax import distance as _dist
 from ipcjax import lockstep
 from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
-                                block_counts, reach_contacts, slots_needed, step_bound)
+                                block_counts, reach_contacts, reach_need, reach_scale,
+                                slots_needed, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks, incremental_potential
@@ -164,9 +169,10 @@ class NewtonState(NamedTuple):
     x₀, which also freezes the friction set, every requery, and the reference gaps retaken
     without a query), DIRECTION (assembly and linear solve) and SEARCH (step bound and line
     search along dx). A Newton iteration is DIRECTION, then QUERY when x + dx leaves the
-    last query's box ± skin/2, then SEARCH; a DIRECTION whose reference lets more rows
-    through than the slots hold goes through QUERY to retake it first, and the last
-    iteration ends in a QUERY pass that takes the gaps at x rounded to FP32.
+    last query's box ± skin/2, then SEARCH; a DIRECTION or a SEARCH whose reference lets
+    more rows through (near x, or in reach of the segment) than the slots hold goes through
+    QUERY to retake it at x first, and the last iteration ends in a QUERY pass that takes
+    the gaps at x rounded to FP32.
     """
 
     x: jnp.ndarray               # (N, 3) iterate, m (FP64)
@@ -190,7 +196,8 @@ class NewtonState(NamedTuple):
     gaps0: jnp.ndarray           # (M,) the step-start contacts' gaps at x₀ (+∞ for padding), m
     started: jnp.ndarray         # () bool: the step-start query is done
     ref_here: jnp.ndarray        # () bool: ref_x is x (the reference was taken at this iterate)
-    regap: jnp.ndarray           # () bool: the next QUERY pass only retakes the reference gaps
+    regap: jnp.ndarray           # () int32: 0, or the next QUERY pass only retakes the reference gaps and
+                                 # goes on to this phase (DIRECTION, or SEARCH with the same direction)
     recheck: jnp.ndarray         # () bool: the next QUERY pass is the last: the gaps at x rounded to FP32
     rounded_gap: jnp.ndarray     # () the smallest of those gaps, m
     queries: jnp.ndarray         # () int32 candidate queries made so far
@@ -310,14 +317,15 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         """Candidates of the swept box x → x + dx and their gaps at x (the reference); at the
         start also the friction set (from the same closest points), the step-start contacts
         and their gaps. With ``s.regap`` only the reference is retaken, on the same
-        candidates, and the direction goes on; with ``s.recheck`` (the solve's last pass) only
+        candidates, and the loop goes on to the phase it names (the direction, or the
+        search of the direction it has); with ``s.recheck`` (the solve's last pass) only
         the smallest gap at x rounded to FP32 is taken, on the same candidates: the storage
         recheck of :func:`ipcjax.step.recheck_rounded`. So the gaps over every candidate row
         are compiled once."""
         first, regap, recheck = ~s.started, s.regap, s.recheck
         x = s.x
         lo, hi = jnp.minimum(x, x + s.dx), jnp.maximum(x, x + s.dx)
-        keep = regap | recheck | (first & reuse0)
+        keep = (regap != 0) | recheck | (first & reuse0)
         s = s._replace(queries=s.queries + (~keep).astype(jnp.int32))
         c2, s2 = lockstep.switch(keep.astype(jnp.int32),
                                  [lambda _: query(x, jnp.where(first, x, x + s.dx)), lambda kept: kept],
@@ -335,13 +343,13 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         first, regap, x, g2 = ~s.started, s.regap, s.x, at_x[0]
         friction = jax.lax.cond(first, lambda: make_friction(c2, at_x), lambda: s.friction)
         pick = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(first, u, v), a, b)
-        kept = regap | (first & reuse0)  # no query: the box stays the last query's
+        kept = (regap != 0) | (first & reuse0)  # no query: the box stays the last query's
         return s._replace(contacts=c2, stats=pick(s2, s.stats.merge(s2)),
                           box=jax.tree_util.tree_map(lambda u, v: jnp.where(kept, u, v), s.box,
                                                      pick((x, x), swept)),
-                          ref_x=x, ref_gap=g2, ref_here=jnp.bool_(True), regap=jnp.bool_(False), friction=friction,
+                          ref_x=x, ref_gap=g2, ref_here=jnp.bool_(True), regap=jnp.int32(0), friction=friction,
                           contacts0=pick(c2, s.contacts0), gaps0=jnp.where(first, g2, s.gaps0),
-                          phase=jnp.where(first | regap, DIRECTION, SEARCH).astype(jnp.int32),
+                          phase=jnp.where(first, DIRECTION, jnp.where(regap != 0, regap, SEARCH)).astype(jnp.int32),
                           started=jnp.bool_(True))
 
     def direction_phase(s: NewtonState):
@@ -350,7 +358,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         # more rows near x than the slots by the reference's bound: retake the reference at x
         # first (a QUERY pass without a query), where the bound is the gap itself
         retake = (rows_needed(near_rows(s), s.contacts.blocks) > active) & ~s.ref_here
-        return jax.lax.cond(retake, lambda s: s._replace(phase=jnp.int32(QUERY), regap=jnp.bool_(True)),
+        return jax.lax.cond(retake, lambda s: s._replace(phase=jnp.int32(QUERY), regap=jnp.int32(DIRECTION)),
                             direction_of, s)
 
     def direction_of(s: NewtonState):
@@ -383,6 +391,18 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
                             stay, s2)
 
     def search_phase(s: NewtonState):
+        if not compact:
+            return search_on(s, None)
+        # more rows in reach than slots by the reference's bound: retake the reference at x
+        # first (a QUERY pass without a query) and search the same direction after it
+        lb = gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts)
+        retake = (reach_need(s.dx, s.contacts, lb, dhat) > active) & ~s.ref_here
+        return jax.lax.cond(retake, lambda s, lb: s._replace(phase=jnp.int32(QUERY), regap=jnp.int32(SEARCH)),
+                            search_on, s, lb)
+
+    def search_on(s: NewtonState, lb2):
+        """The step bound and line search along s.dx (``lb2``: the rows' gap lower bounds at
+        s.x from the reference, when compacting)."""
         x, dx, slope, converged = s.x, s.dx, s.slope, s.converged
         pb = problem_of(s)
         cs2, st2, box2, rx2, rg2 = s.contacts, s.stats, s.box, s.ref_x, s.ref_gap
@@ -416,19 +436,21 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
             return a2, k + k2
 
         if compact:
-            lb2 = gap_lower_bound(x, rx2, rg2, cs2)
-            sub, n_reach = reach_contacts(dx, cs2, lb2, dhat, active)
-            a0 = step_bound(x, dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
+            # a segment whose reach set overflows the slots is cut where it fits (reach_scale)
+            cut = reach_scale(dx, cs2, lb2, dhat, active)
+            sub, n_reach = reach_contacts(cut * dx, cs2, lb2, dhat, active)
+            a0 = step_bound(x, cut * dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
             phi = potential(pb, sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
             phi0 = phi(x)
-            a, k, ok, val = armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0)
+            a, k, ok, val = armijo(phi, x, cut * dx, config, phi0=phi0, slope=cut * slope, alpha0=a0)
+            a0, a = cut * a0, cut * a  # along Δx
             # more rows in reach than slots: the bound and Φ above missed some; stop with
             # the overflow (the host grows the slots and redoes the step)
             st2 = st2.with_active(jnp.where(n_reach > active, n_reach, 0), active)
             over_reach = n_reach > active
         else:
             a0, a, k, ok, val, phi0 = over_all_rows(cs2)
-            lb2, over_reach = None, jnp.bool_(False)
+            over_reach = jnp.bool_(False)
         if config.line_search_expansions:
             # a full step that fell much further than the Newton model said: try longer ones
             go = (ok & (k == 1) & (a0 >= 1.0) & ~converged & ~over_reach & (slope < 0)
@@ -464,7 +486,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
                        phase=jnp.int32(QUERY), dx=jnp.zeros_like(x_init), slope=jnp.zeros((), x_init.dtype),
                        friction=friction_none, contacts0=contacts_none,
                        gaps0=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype),
-                       started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.bool_(False),
+                       started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.int32(0),
                        recheck=jnp.bool_(False), rounded_gap=jnp.asarray(jnp.inf, x_init.dtype),
                        queries=jnp.int32(0))
     s = jax.lax.while_loop(cond, body, init)

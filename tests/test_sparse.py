@@ -4,6 +4,7 @@ reached from jit: ipcjax.ldl); active-row compaction; and drapes on each path ag
 dense drape. One module, so that the film-over-sphere blocks and the dense drape compile
 once for both paths (issue #31)."""
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +17,7 @@ from ipcjax.audit import audit_trajectory
 from ipcjax.implicit import make_rollout, stack_controls
 from ipcjax.ldl import sparse_solve, upper_csc, upper_triangle
 from ipcjax.capacity import KIND_FLOOR, kind_slots
-from ipcjax.capacity import KIND_FLOOR, kind_slots
-from ipcjax.line_search import compact_contacts, reach_contacts
+from ipcjax.line_search import compact_contacts, reach_contacts, reach_need, reach_scale
 from ipcjax.linear_solvers import BlockJacobiCG, DenseCholesky, LinearSolver, SparseLDL, linear_solver
 from ipcjax.result import LinearStatus
 from ipcjax.model import Config, Controls, Params
@@ -301,6 +301,40 @@ def test_a_reach_set_beyond_the_slots_overflows_and_the_grown_step_lands_where_e
     assert np.max(np.abs(np.asarray(out.x) - np.asarray(st.x))) > 1e-6
 
 
+
+@pytest.mark.slow  # two step programs of its own; the cut itself is checked in the default suite by
+# test_a_segment_whose_reach_set_overflows_is_cut_where_it_fits
+@pytest.mark.parametrize("slots", [40, 120])
+def test_a_falling_film_whose_directions_reach_past_the_slots_steps_on_shorter_segments(slots):
+    """A film falling at 0.5 m/s onto a sphere 2 mm below: its step sweeps past more rows
+    than the slots hold (the step's own displacement reaches more of them), where the
+    rows inside d̂ take less than half. The step cuts its segments where they fit
+    (``reach_scale``) instead of stopping with a capacity overflow, keeps within its
+    slots, and lands within the Newton tolerance of the step that assembles and searches
+    every candidate row."""
+    n, cfg = 9, Config()
+    sc = drape_scene(n=n, size=0.04, sphere_radius=0.02, gap=2e-3, floor=True)
+    m, p = sc.model, Params.film_defaults()
+    v = np.zeros_like(sc.x)
+    v[:n * n, 2] = -0.5
+    st = make_state(sc.x, v)
+    ctl = Controls.empty(m.n_particles, tolerance=1e-6)
+    cap = C.initial_capacity(m.topology)
+    ref, info_ref = step(m, p, st, ctl, DT, config=cfg, capacity=cap._replace(active=None))
+    out, info = step(m, p, st, ctl, DT, config=cfg, capacity=cap._replace(active=slots))
+    assert int(info_ref.code) == 0 and int(info.code) == 0 and int(info.n_active) <= slots
+
+    @jax.jit
+    def needs(x0, x1):
+        cs, _ = query_contacts(x0, x1, m, cfg, cap, skin=cfg.skin)
+        g = contact_gaps(x0, cs, m.radius, cfg.min_gap)[0]
+        return reach_need(x1 - x0, cs, g, cfg.dhat), reach_need(0 * x0, cs, g, cfg.dhat)
+
+    sweep, inside = (int(a) for a in needs(st.x.astype(jnp.float64), ref.x.astype(jnp.float64)))
+    assert 2 * inside <= slots < sweep  # the case the cut is for
+    moved = np.abs(np.asarray(ref.x) - np.asarray(st.x)).max()
+    assert moved > 1e-3 and np.abs(np.asarray(out.x) - np.asarray(ref.x)).max() < 1e-6
+
 def test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat(active_system):
     """``reach_contacts``: the rows with g < d̂ + 2·max‖Δxᵢ‖ over their stencil, in order, and
     no row outside that set comes inside d̂ anywhere on x → x + Δx (its barrier and its step
@@ -352,6 +386,47 @@ def test_the_reach_set_is_every_row_a_segment_can_bring_inside_dhat(active_syste
     outside = valid & ~in_reach
     assert outside.any() and np.all(along[:, outside] >= cfg.dhat)
 
+
+
+def test_a_segment_whose_reach_set_overflows_is_cut_where_it_fits(active_system):
+    """``reach_scale``: where the reach set of x → x + Δx needs more slots than ``size``, the
+    largest s whose segment x → x + sΔx fits them: its set fits, a little more of the
+    segment does not, and no row left out comes inside d̂ anywhere on the shorter segment.
+    s is exactly 1 where the whole segment fits, and where the rows inside d̂ alone do not
+    (no shorter segment helps: the step's overflow stands)."""
+    sc, m, p, _, x0, cs = active_system
+    cfg = Config()
+    free = np.asarray(~m.fixed)[:, None]
+    dx = jnp.asarray(np.random.default_rng(7).normal(size=x0.shape) * 4e-4 * free)
+    g = jax.jit(lambda x: contact_gaps(x, cs, m.radius, cfg.min_gap)[0])(x0)
+    n_in = int(reach_need(0 * dx, cs, g, cfg.dhat))  # the slots the rows inside d̂ need
+    need = int(reach_need(dx, cs, g, cfg.dhat))
+    size = (2 * n_in + need) // 2
+    assert 2 * n_in <= size < need  # room for twice the rows inside d̂, not for all the segment reaches
+    alphas = jnp.linspace(0.0, 1.0, 9)
+
+    @partial(jax.jit, static_argnames="size")
+    def run(dx, size):
+        s = reach_scale(dx, cs, g, cfg.dhat, size)
+        sub, n = reach_contacts(s * dx, cs, g, cfg.dhat, size)
+        _, n_more = reach_contacts(1.001 * s * dx, cs, g, cfg.dhat, size)
+        along = jax.vmap(lambda a: contact_gaps(x0 + a * s * dx, cs, m.radius, cfg.min_gap)[0])(alphas)
+        return s, sub, n, n_more, along
+
+    s, sub, n, n_more, along = run(dx, size)
+    s = float(s)
+    print(f"{n_in} slots inside d̂, {need} for the segment, {size} given: cut at s = {s:.4f} ({int(n)} slots)")
+    assert 0.0 < s < 1.0 and int(n) <= size < int(n_more)
+    taken = np.zeros(cs.idx.shape[0], bool)  # the rows the cut segment's set holds
+    key = lambda c, i: (int(c.kind[i]),) + tuple(int(v) for v in c.idx[i])
+    sub_np = jax.tree_util.tree_map(np.asarray, sub)
+    cs_np = jax.tree_util.tree_map(np.asarray, cs)
+    rows = {key(sub_np, i) for i in np.flatnonzero(sub_np.valid)}
+    taken[[i for i in range(len(taken)) if key(cs_np, i) in rows]] = True
+    left_out = np.asarray(cs.valid) & ~taken
+    assert left_out.any() and np.all(np.asarray(along)[:, left_out] >= cfg.dhat)
+    assert float(run(dx, need)[0]) == 1.0  # the whole segment fits
+    assert float(run(dx, 2 * n_in - 1)[0]) == 1.0  # the rows inside d̂ take over half the slots: no cut
 
 def _smallest_size_holding(counts, blocks):
     """By search: the smallest size whose kind slots hold ``counts`` and whose total holds their sum."""
