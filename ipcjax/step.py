@@ -304,7 +304,7 @@ def check_geometry(model: Model, x, config: Config = Config(), capacity=None):
     from ipcjax.candidates import ContactKind
 
     x = jnp.asarray(np.asarray(x, dtype=np.float64))
-    cap = _cand.initial_capacity(model.topology) if capacity is None else capacity
+    cap = _cand.initial_capacity(model.topology, x) if capacity is None else capacity
     while True:
         g, idx, kind, st = _gaps_at(model, x, config=config, capacity=cap)
         if not bool(st.overflow):
@@ -378,7 +378,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         validate_state(model, state)
         capacity = check_geometry(model, state.x, config, capacity)
     if capacity is None:
-        capacity = _cand.initial_capacity(model.topology)
+        capacity = _cand.initial_capacity(model.topology, state.x)
     acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0, expansions=0,
                queries=0)
     carry = None if candidates is None else candidates.for_step(model, config, capacity)

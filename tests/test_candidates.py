@@ -20,6 +20,7 @@ from ipcjax.candidates import (
     find_candidates,
     find_candidates_host,
     grow_capacity,
+    resolve_capacity,
     stencils,
 )
 
@@ -349,3 +350,31 @@ def test_grow_capacity():
     assert grow_capacity(cap, 0, 0, 0, np.zeros((2, 3)), n_active=30).active is None
     with pytest.raises(ValueError, match="grid cells"):
         grow_capacity(cap, 0, 0, 0, np.array([[2**30, 0, 0], [0, 0, 0]]))
+
+
+def test_sphere_face_rows_start_at_a_sphere_wrapped_in_film():
+    """``initial_capacity(topo, x)``: sphere–face rows start at the rows of every sphere
+    wrapped in film (4πr² over the film's mean triangle area, +64), so a film draped over
+    a sphere's top, 0.4 mm off it, finds its candidates in the first buffer; the size from
+    the topology alone (256 here) is short of them and would grow (a compilation)."""
+    from ipcjax.capacity import initial_capacity, wrapped_sphere_rows
+    from ipcjax.model import Config
+    from ipcjax.newton import query_contacts
+    from scenes.film import drape_scene
+
+    n, R, gap = 31, 0.02, 0.4e-3
+    sc = drape_scene(n=n, size=0.12, sphere_radius=R, gap=gap)
+    topo, film = sc.model.topology, np.arange(n * n)
+    x = np.asarray(sc.x).copy()
+    r = np.hypot(x[film, 0], x[film, 1])
+    # over the top: onto the sphere at the gap; outside its footprint: down and away from it
+    on_top = r <= R + gap
+    x[film, 2] = np.where(on_top, np.sqrt(np.maximum((R + gap) ** 2 - r ** 2, 0.0)), R - r)
+    area = 0.12 ** 2 / (2 * (n - 1) ** 2)  # the flat grid's triangles
+    assert wrapped_sphere_rows(topo, sc.x) == int(np.ceil(4 * np.pi * R ** 2 / area))
+    start, from_sizes = initial_capacity(topo, sc.x), initial_capacity(topo)
+    roomy = resolve_capacity(start._replace(vt=40_000, ee=80_000, sf=len(topo.triangles)), topo)
+    _, stats = jax.jit(lambda a: query_contacts(a, a, sc.model, Config(), roomy, skin=Config().skin))(x)
+    need = int(stats.n_sf)
+    assert not bool(stats.overflow) and on_top.sum() > 50
+    assert from_sizes.sf < need <= start.sf < len(topo.triangles)
