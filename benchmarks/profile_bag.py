@@ -37,7 +37,7 @@ bag run wrote), in this process:
    ``step`` it calls (parameter checks, the reads of the step's figures; timed inside one
    ``advance`` call), the validation
    of the first step (``validate=True``), the copy of each frame, and a checkpoint
-   (trajectory.npz with every frame so far, rewritten and recompressed, and state.npz).
+   (trajectory.npz with every frame so far, rewritten, and state.npz).
 
 Prints a table per state, and JSON with every figure (--json writes it to a file too).
 Timings on a shared machine are noisy; compare phases within one run, not across runs.

@@ -38,7 +38,12 @@ NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py", "alternate.py",
                   "bad_inputs.py", "gradient_tolerance.py", "same_trajectory.py", "bag_sweep.py",
                   "ab_audit.py", "ab_bag.py", "ab_tests.py", "compile_cache.py", "compile_grad.py",
                   "compile_share.py", "many_jobs.py", "map_exhaustion.py", "map_sizes.py", "newton_start.py",
-                  "opt_level.py", "profile_bag.py"}
+                  "opt_level.py", "profile_bag.py",
+                  # profiles and by-hand checks added since (#30, #35), each with its command in docs/
+                  "bag_state.py", "device_check.py", "ensemble_bag.py", "ensemble_step.py", "kernel_census.py",
+                  "kind_slots.py", "line_search.py", "newton_tangent.py", "perturb_size.py", "protocol_phases.py",
+                  "query_cost.py", "sparse_solvers.py", "suite_order.py", "trace_step.py", "trajectory_write.py",
+                  "whole_history.py"}
 
 
 def _json_of(stdout: str):

@@ -75,3 +75,16 @@ def test_spec_has_the_sections_the_code_cites():
         cited |= set(re.findall(r"spec\.md\)? §(\d+)", path.read_text()))
     assert cited, "nothing cites docs/spec.md"
     assert cited <= have, f"docs/spec.md has no section {sorted(cited - have)}"
+
+
+def test_run_all_knows_every_benchmark_script():
+    """``benchmarks/run_all.py`` stops before running anything when a script has neither
+    short settings nor a place among the by-hand ones: every script must have one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
+    run_all = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_all)
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    unknown = [s for s in scripts if s not in run_all.SHORT and s not in run_all.NOT_BENCHMARKS]
+    assert not unknown and "ab_bag.py" in run_all.NOT_BENCHMARKS and "step.py" in run_all.SHORT, unknown
