@@ -251,8 +251,11 @@ def _empty_carry(model: Model, config: Config, capacity) -> CandidateCarry:
     if key not in _EMPTY_CARRIES:
         x = jax.ShapeDtypeStruct((model.n_particles, 3), jnp.float64)
         shapes = jax.eval_shape(lambda z: empty_carry(z, model, config, capacity), x)
-        # numpy zeros put on the device (held False): jnp.zeros would compile a program per shape
-        _EMPTY_CARRIES[key] = jax.tree_util.tree_map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)), shapes)
+        # numpy zeros put on the device (held False): jnp.zeros would compile a program per shape.
+        # Made eagerly even when the first call comes inside a trace (an ensemble's step under
+        # jit): a tracer kept here would leak into every later step
+        with jax.ensure_compile_time_eval():
+            _EMPTY_CARRIES[key] = jax.tree_util.tree_map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)), shapes)
     return _EMPTY_CARRIES[key]
 
 

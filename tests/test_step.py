@@ -356,3 +356,20 @@ def test_a_carried_candidate_set_skips_the_step_start_query_and_lands_where_a_fr
     assert rep3.ok and rep3.queries == int(info_f.queries)
     with pytest.raises(TypeError, match="CandidateCache"):  # e.g. the carry itself: refused before any solve
         advance(m, p, st1, ctl, DT, config=CFG, capacity=cap, candidates=carry)
+
+
+def test_the_empty_carry_first_made_inside_a_trace_is_an_array_every_later_step_can_use():
+    """``step``'s empty candidate carry is made once per capacity and shared. Made first
+    inside a trace (an ensemble's step under ``jit``), it is still a concrete array: a
+    tracer cached there leaked into the next step outside that trace, and every slow
+    ensemble test failed with an UnexpectedTracerError."""
+    from ipcjax.step import _empty_carry
+
+    m = vertex_triangle_scene().model
+    cap = C.initial_capacity(m.topology)
+    cap = cap._replace(vt=cap.vt + 17)  # a capacity no other test made a carry for
+    inside = jax.jit(lambda z: z + jnp.sum(_empty_carry(m, CFG, cap).contacts.idx))(jnp.int32(1))
+    assert int(inside) == 1  # an empty carry holds zeros
+    leaves = jax.tree_util.tree_leaves(_empty_carry(m, CFG, cap))
+    assert leaves and not any(isinstance(a, jax.core.Tracer) for a in leaves)
+    assert all(isinstance(a, jax.Array) and not bool(np.any(np.asarray(a))) for a in leaves)
