@@ -117,10 +117,11 @@ def initial_capacity(topo: ContactTopology, x=None) -> Capacity:
 
 
 def wrapped_sphere_rows(topo: ContactTopology, x) -> int:
-    """Sphere–face rows when every sphere is wrapped in film, the most film a sphere can touch:
-    Σ 4πr²/ā over the spheres (radius r), ā the mean area at ``x`` (N, 3) of the triangles with a particle that moves
-    (of every triangle when none does). 0 without spheres or triangles, or where ``x`` is
-    not finite or the mean area is not positive (validation names those)."""
+    """Sphere–face rows when every sphere is wrapped in film, the most film a sphere can
+    touch: Σ 4πr²/ā over the spheres (radius r), ā the mean area at ``x`` (N, 3) of the
+    triangles with a particle that moves (of every triangle when none does). 0 without
+    spheres or triangles, or where ``x`` is not finite or the mean area is not positive
+    (validation names those)."""
     tris, spheres = np.asarray(topo.triangles), np.asarray(topo.spheres)
     if len(tris) == 0 or len(spheres) == 0:
         return 0

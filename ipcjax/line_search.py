@@ -145,7 +145,7 @@ def _row_motion(dx, contacts: ContactSet):
     return jnp.sqrt(jnp.max(jnp.sum(dx * dx, axis=1)[contacts.idx], axis=1))
 
 
-def reach_scale(dx, contacts: ContactSet, gap, dhat, size: int):
+def reach_scale(dx, contacts: ContactSet, gap, dhat, size: int, *, need=None):
     """The largest s ∈ (0, 1] whose segment x → x + sΔx has a reach set (:func:`reach_contacts`)
     that fits ``size`` slots: 1 when the whole segment's does.
 
@@ -161,14 +161,16 @@ def reach_scale(dx, contacts: ContactSet, gap, dhat, size: int):
     (docs/design.md). Returns 1 where the set fits, and where the rows inside d̂ alone
     would take more than half the slots: those slots are short for the rows at x itself,
     and a cut would leave the segment only the few left (a crawl of tiny steps), so the
-    caller's overflow stands and the host grows them.
+    caller's overflow stands and the host grows them. ``need``: :func:`reach_need` of the
+    same arguments, where the caller has it.
     """
-    m = _row_motion(dx, contacts)
-    need = _slots_of(contacts.valid & (gap < dhat + 2.0 * m), contacts)
-    # the rows inside d̂ take more than half the slots: they are short, not the segment long
-    tight = 2 * _slots_of(contacts.valid & (gap < dhat), contacts) > size
+    if need is None:
+        need = reach_need(dx, contacts, gap, dhat)
 
     def shorter():
+        # the rows inside d̂ take more than half the slots: they are short, not the segment long
+        tight = 2 * _slots_of(contacts.valid & (gap < dhat), contacts) > size
+        m = _row_motion(dx, contacts)
         # where each row enters the reach set (0: inside d̂ already, ∞: never on Δx)
         enter = jnp.where(gap < dhat, 0.0, jnp.where(m > 0, (gap - dhat) / jnp.where(m > 0, 2.0 * m, 1.0), jnp.inf))
         enter = jnp.where(contacts.valid, enter, jnp.inf)
@@ -183,10 +185,10 @@ def reach_scale(dx, contacts: ContactSet, gap, dhat, size: int):
                 cut = jnp.minimum(cut, first_left_out(enter[start:start + b], n))
                 start += b
         # a hair short of that entry, so that the set recomputed at sΔx leaves it out too
-        return jnp.where((cut > 0) & (cut < 1), cut * (1.0 - 1e-9), 1.0).astype(dx.dtype)
+        return jnp.where((cut > 0) & (cut < 1) & ~tight, cut * (1.0 - 1e-9), 1.0).astype(dx.dtype)
 
     # a branch under vmap too (ipcjax.lockstep): the ensembles' members skip it alike
-    return lockstep.switch(((need > size) & ~tight).astype(jnp.int32), [lambda one: one, lambda one: shorter()],
+    return lockstep.switch((need > size).astype(jnp.int32), [lambda one: one, lambda one: shorter()],
                            jnp.ones((), dx.dtype))
 
 

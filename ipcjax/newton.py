@@ -396,13 +396,14 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         # more rows in reach than slots by the reference's bound: retake the reference at x
         # first (a QUERY pass without a query) and search the same direction after it
         lb = gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts)
-        retake = (reach_need(s.dx, s.contacts, lb, dhat) > active) & ~s.ref_here
-        return jax.lax.cond(retake, lambda s, lb: s._replace(phase=jnp.int32(QUERY), regap=jnp.int32(SEARCH)),
-                            search_on, s, lb)
+        need = reach_need(s.dx, s.contacts, lb, dhat)
+        retake = (need > active) & ~s.ref_here
+        return jax.lax.cond(retake, lambda s, lb, need: s._replace(phase=jnp.int32(QUERY), regap=jnp.int32(SEARCH)),
+                            search_on, s, lb, need)
 
-    def search_on(s: NewtonState, lb2):
+    def search_on(s: NewtonState, lb2, need=None):
         """The step bound and line search along s.dx (``lb2``: the rows' gap lower bounds at
-        s.x from the reference, when compacting)."""
+        s.x from the reference, and ``need`` their reach set's slots, when compacting)."""
         x, dx, slope, converged = s.x, s.dx, s.slope, s.converged
         pb = problem_of(s)
         cs2, st2, box2, rx2, rg2 = s.contacts, s.stats, s.box, s.ref_x, s.ref_gap
@@ -437,7 +438,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
 
         if compact:
             # a segment whose reach set overflows the slots is cut where it fits (reach_scale)
-            cut = reach_scale(dx, cs2, lb2, dhat, active)
+            cut = reach_scale(dx, cs2, lb2, dhat, active, need=need)
             sub, n_reach = reach_contacts(cut * dx, cs2, lb2, dhat, active)
             a0 = step_bound(x, cut * dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
             phi = potential(pb, sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
