@@ -40,10 +40,9 @@ from ipcjax.topology import as_triangles, mesh_edges
 EPS32 = float(np.finfo(np.float32).eps)
 FP32_PAD = 4.0 * EPS32  # relative outward expansion of every box bound
 
-_AXIS_BITS = 21  # a cell key packs three 21-bit cell coordinates into one int64
-_MAX_CELL = 1 << (_AXIS_BITS - 1)  # cell coordinates are clipped to [0, 2^20]
+_KEY_BITS = 62  # a packed grid key (cell coordinates, then the owner) stays below 2^62
 _MIN_CELL_M = 1e-30  # m: the grid cell edge is never zero (all boxes degenerate to one point)
-_NO_KEY = np.iinfo(np.int64).max  # sorts after every real cell key
+_NO_KEY = np.iinfo(np.int64).max  # sorts after every real key
 _MAX_SEGMENT = 1 << 40  # per-box cell counts are clipped here (still far above any buffer)
 
 
@@ -179,19 +178,49 @@ def _segment_expand(counts, cap: int):
     return owner, slot - starts[owner], slot < total, total
 
 
-def _cell_range(lo, hi, origin, cell):
-    """Integer cell coordinates (int64, clipped to [0, 2^20]) of box corners; monotone in lo/hi."""
+def _key_layout(n_owners: int):
+    """(owner bits, bits per cell axis) of the packed grid keys for ``n_owners`` targets.
+
+    A key is (cell x, cell y, cell z, owner), packed high to low into one int64 below
+    2^62, so that one sort of plain int64 keys orders the entries by cell and, within a
+    cell, by owner: XLA's CPU sort of one int64 array is about 4 times as fast as its sort
+    of (key, owner) pairs (docs/benchmarks.md). Cell coordinates are clipped to
+    [0, 2^(axis bits − 1)] (:func:`_cell_range`).
+    """
+    owner_bits = max(1, int(n_owners - 1).bit_length())
+    axis_bits = (_KEY_BITS - owner_bits) // 3
+    if axis_bits < 8:
+        raise ValueError(f"a grid search of {n_owners} boxes leaves {axis_bits} bits per cell axis (need 8)")
+    return owner_bits, axis_bits
+
+
+def _cell_range(lo, hi, origin, cell, max_cell: int):
+    """Integer cell coordinates (int64, clipped to [0, max_cell]) of box corners; monotone in lo/hi."""
 
     def to_cell(v):
-        f = jnp.nan_to_num((v - origin) / cell, nan=0.0, posinf=_MAX_CELL, neginf=0.0)
-        return jnp.clip(jnp.floor(f), 0, _MAX_CELL).astype(jnp.int64)
+        f = jnp.nan_to_num((v - origin) / cell, nan=0.0, posinf=max_cell, neginf=0.0)
+        return jnp.clip(jnp.floor(f), 0, max_cell).astype(jnp.int64)
 
     c_lo, c_hi = to_cell(lo), to_cell(hi)
     return c_lo, jnp.maximum(c_hi, c_lo)
 
 
-def _cell_key(c):
-    return (c[..., 0] << (2 * _AXIS_BITS)) | (c[..., 1] << _AXIS_BITS) | c[..., 2]
+def _cell_key(c, axis_bits: int):
+    return (c[..., 0] << (2 * axis_bits)) | (c[..., 1] << axis_bits) | c[..., 2]
+
+
+def _median(a):
+    """``jnp.median`` of a 1-D array of non-negative floats (NaN if any is NaN), bit for bit.
+
+    Sorted as their int64 bit patterns, which order non-negative floats as their values:
+    XLA's CPU sort of int64 is about 3 times as fast as of float64 (docs/benchmarks.md).
+    """
+    n = a.shape[0]
+    if n == 0:
+        return jnp.asarray(jnp.nan, a.dtype)
+    s = jax.lax.bitcast_convert_type(jnp.sort(jax.lax.bitcast_convert_type(a, jnp.int64)), a.dtype)
+    mid = (s[(n - 1) // 2] + s[n // 2]) * jnp.asarray(0.5, a.dtype)
+    return jnp.where(jnp.any(jnp.isnan(a)), jnp.asarray(jnp.nan, a.dtype), mid)
 
 
 def _cells_of(c_lo, span, owner, local):
@@ -205,7 +234,7 @@ def _cells_of(c_lo, span, owner, local):
 def _first_above(sorted_owner, first, last, q, n_steps: int):
     """Per lookup, the first index in [first, last) whose owner exceeds q (bisection).
 
-    Within a cell the entries are sorted by owner (stable sort of owner-ordered slots).
+    Within a cell the entries are sorted by owner (the packed key's low bits).
     """
 
     def step(_, bounds):
@@ -226,11 +255,11 @@ def _grid_pairs(q_box, t_box, keep, *, cap: GridCapacity, same_set: bool = False
     Uniform grid. The cell edge is the larger of the median query-box and median
     target-box extents, so a typical box touches at most two cells per axis; outsized
     boxes (bin walls, fast spheres) are entered into every cell they cover. Targets are
-    inserted as (cell key, target) entries and sorted; each query box looks up every
-    cell it covers (two searchsorted calls per cell); the tests are the concatenated
-    cell ranges. A pair sharing several cells is kept only in the cell holding the min
-    corner of the two boxes' intersection, i.e. the componentwise max of their min
-    cells (exact integer comparison, as floor is monotone).
+    inserted as (cell, target) entries, each packed into one int64 key (:func:`_key_layout`),
+    and sorted; each query box looks up every cell it covers (two searchsorted calls per
+    cell); the tests are the concatenated cell ranges. A pair sharing several cells is
+    kept only in the cell holding the min corner of the two boxes' intersection, i.e. the
+    componentwise max of their min cells (exact integer comparison, as floor is monotone).
 
     With `same_set` (queries and targets are the same boxes) each query only tests the
     entries of a cell with a larger index, so every unordered pair is tested once per
@@ -240,30 +269,34 @@ def _grid_pairs(q_box, t_box, keep, *, cap: GridCapacity, same_set: bool = False
     work = (insert, lookup, tests) entries needed (int64).
     """
     (q_lo, q_hi), (t_lo, t_hi) = q_box, t_box
+    n_t = t_lo.shape[0]
+    owner_bits, axis_bits = _key_layout(n_t)
+    max_cell = 1 << (axis_bits - 1)
     q_ext = jnp.max(q_hi - q_lo, axis=1)
     t_ext = jnp.max(t_hi - t_lo, axis=1)
     origin = jnp.minimum(q_lo.min(0), t_lo.min(0))
     top = jnp.maximum(q_hi.max(0), t_hi.max(0))
     span_all = jnp.max(top - origin)
-    cell = jnp.maximum(jnp.median(q_ext), jnp.median(t_ext))
-    # at most 2^20 cells per axis (keys fit an int64); never zero
-    cell = jnp.maximum(jnp.maximum(cell, span_all * (2.0 / _MAX_CELL)), _MIN_CELL_M)
+    cell = jnp.maximum(_median(q_ext), _median(t_ext))
+    # at most max_cell / 2 cells per axis (keys fit their bits); never zero
+    cell = jnp.maximum(jnp.maximum(cell, span_all * (2.0 / max_cell)), _MIN_CELL_M)
 
-    tc_lo, tc_hi = _cell_range(t_lo, t_hi, origin, cell)
-    qc_lo, qc_hi = _cell_range(q_lo, q_hi, origin, cell)
+    tc_lo, tc_hi = _cell_range(t_lo, t_hi, origin, cell, max_cell)
+    qc_lo, qc_hi = _cell_range(q_lo, q_hi, origin, cell, max_cell)
     t_span, q_span = tc_hi - tc_lo + 1, qc_hi - qc_lo + 1
 
-    # insert targets into every cell they cover, sort by cell key
+    # insert targets into every cell they cover, sorted by (cell, owner) in one packed key
     ti, tl, tv, n_insert = _segment_expand(jnp.prod(t_span, axis=1), cap.insert)
-    t_key = jnp.where(tv, _cell_key(_cells_of(tc_lo, t_span, ti, tl)), _NO_KEY)
-    t_key, t_owner = jax.lax.sort((t_key, ti), num_keys=1, is_stable=True)
+    t_cell = _cell_key(_cells_of(tc_lo, t_span, ti, tl), axis_bits)
+    t_key = jnp.sort(jnp.where(tv, (t_cell << owner_bits) | ti.astype(jnp.int64), _NO_KEY))
+    t_owner = jnp.minimum(t_key & ((1 << owner_bits) - 1), n_t - 1).astype(ti.dtype)
 
-    # each query looks up every cell it covers
+    # each query looks up every cell it covers: the entries with keys in [cell, cell + 1)
     qi, ql, qv, n_lookup = _segment_expand(jnp.prod(q_span, axis=1), cap.lookup)
     q_cell = _cells_of(qc_lo, q_span, qi, ql)
-    q_key = _cell_key(q_cell)
-    first = jnp.searchsorted(t_key, q_key, side="left")
-    last = jnp.searchsorted(t_key, q_key, side="right")
+    q_key = _cell_key(q_cell, axis_bits)
+    first = jnp.searchsorted(t_key, q_key << owner_bits, side="left")
+    last = jnp.searchsorted(t_key, (q_key + 1) << owner_bits, side="left")
     if same_set:
         first = _first_above(t_owner, first, last, qi, int(cap.insert).bit_length() + 1)
     in_cell = jnp.where(qv, last - first, 0)

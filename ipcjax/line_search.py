@@ -216,8 +216,7 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
     # so the result is min(advanced few, next-smallest single bound) — still conservative
     k = min(ADVANCE_STENCILS, n)
     if k < n:
-        neg, sel = jax.lax.top_k(-single, k + 1)
-        sel, rest = sel[:k], -neg[k]
+        sel, rest = _smallest_bounds(single, k)
     else:
         _, sel = jax.lax.top_k(-single, n)
         rest = jnp.asarray(1.0, single.dtype)
@@ -226,6 +225,34 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
         X[sel], dX[sel], off[sel], contacts.kind[sel])
     adv = jnp.where(contacts.valid[sel], adv, 1.0)
     return jnp.minimum(jnp.min(adv), rest)
+
+
+def _smallest_bounds(single, k: int):
+    """The rows of the ``k`` smallest single bounds (values in [0, 1]) and the (k+1)-th
+    smallest: ``lax.top_k(-single, k + 1)``'s rows and value, ties to the lower row.
+
+    Most rows bound nothing (a single bound of exactly 1). Where at most ``k`` rows are
+    below 1, those rows and the first rows at 1 are the same set of rows as top_k's, and
+    the (k+1)-th smallest is 1: two compactions, not XLA's sort-based top_k (about 10
+    times as long on the CPU at the bag's tie, docs/benchmarks.md). Only more rows below 1
+    than ``k`` take top_k. The order within the set differs; the step bound takes a
+    minimum over it.
+    """
+    below = single < 1.0
+    count = jnp.sum(below, dtype=jnp.int32)
+
+    def few():
+        slot = jnp.arange(k, dtype=jnp.int32)
+        under = jnp.nonzero(below, size=k, fill_value=0)[0].astype(jnp.int32)
+        at_one = jnp.nonzero(~below, size=k, fill_value=0)[0].astype(jnp.int32)
+        sel = jnp.where(slot < count, under, at_one[jnp.clip(slot - count, 0, k - 1)])
+        return sel, jnp.ones((), single.dtype)
+
+    def many():
+        neg, sel = jax.lax.top_k(-single, k + 1)
+        return sel[:k].astype(jnp.int32), -neg[k]
+
+    return jax.lax.cond(count <= k, few, many)
 
 
 def armijo(phi, x, dx, config: Config, *, phi0, slope, alpha0):

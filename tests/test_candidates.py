@@ -378,3 +378,17 @@ def test_sphere_face_rows_start_at_a_sphere_wrapped_in_film():
     need = int(stats.n_sf)
     assert not bool(stats.overflow) and on_top.sum() > 50
     assert from_sizes.sf < need <= start.sf < len(topo.triangles)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 2537])
+def test_grid_cell_median_is_jnp_median_bit_for_bit(n):
+    """The grid's cell edge comes from the median box extent, sorted as int64 bit patterns
+    (ipcjax.candidates._median): the same float as jnp.median, and NaN where any is NaN."""
+    import jax.numpy as jnp
+
+    from ipcjax.candidates import _median
+
+    rng = np.random.default_rng(n)
+    ext = jnp.asarray(np.concatenate([rng.exponential(3e-3, n - 1), [0.0]]) if n > 1 else [0.0])
+    assert float(jax.jit(_median)(ext)) == float(jnp.median(ext))
+    assert np.isnan(float(jax.jit(_median)(ext.at[0].set(jnp.nan))))

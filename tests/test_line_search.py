@@ -1,11 +1,12 @@
 """The line search's expansion (``Config.line_search_expansions``): its pieces on known
-functions, and a Newton step of a buckling film with and without it."""
+functions, and a Newton step of a buckling film with and without it; the step bound's
+choice of the stencils it advances."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipcjax.line_search import box_limit, expand
+from ipcjax.line_search import _smallest_bounds, box_limit, expand
 from ipcjax.model import Config, Controls, Params, build_model
 from ipcjax.step import advance, make_state
 from scenes.film import film_grid, lumped_mass
@@ -19,6 +20,23 @@ def test_box_limit_is_the_first_face_the_segment_meets():
     assert float(box_limit(x, dx, box, 0.5)) == 5.0
     assert float(box_limit(x, dx.at[1, 2].set(0.0), box, 0.5)) == 15.0
     assert float(box_limit(x, jnp.zeros((2, 3)), box, 0.5)) == np.inf
+
+
+@pytest.mark.parametrize("below", [0, 1, 63, 64, 65, 200])
+def test_the_smallest_single_bounds_are_top_ks_rows_and_value(below):
+    """The step bound advances the k smallest single bounds: the same rows as lax.top_k
+    (ties to the lower row) and the same (k+1)-th value, with at most k rows below 1 (two
+    compactions) and with more (top_k itself)."""
+    rng = np.random.default_rng(below)
+    n, k = 500, 64
+    single = np.ones(n)
+    rows = rng.choice(n, below, replace=False)
+    single[rows] = rng.choice(np.array([0.0, 0.25, 0.9, 0.9]), below)  # ties below 1 too
+    sel, rest = jax.jit(_smallest_bounds, static_argnums=1)(jnp.asarray(single), k)
+    neg, ref = jax.lax.top_k(-jnp.asarray(single), k + 1)
+    assert sorted(np.asarray(sel).tolist()) == sorted(np.asarray(ref[:k]).tolist())
+    assert float(rest) == float(-neg[k]) == (1.0 if below <= k else float(np.sort(single)[k]))
+    assert len(set(np.asarray(sel).tolist())) == k  # k distinct rows, no fill repeated
 
 
 def _along(alpha_star):
