@@ -90,7 +90,7 @@ from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks, incremental_potential
 from ipcjax.problem import FrictionSet, StepProblem
 from ipcjax.result import StepCode, set_code
-from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry
+from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry, used_row_gaps
 
 
 class CandidateStats(NamedTuple):
@@ -209,7 +209,7 @@ def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
 
     The loop's first pass queries the candidates at x_init with ``skin=config.skin``
     (``capacity``, static, sizes them and the active rows), takes their
-    :func:`~ipcjax.stencils.contact_gaps` ``(g, w, n)`` and freezes the friction set
+    :func:`~ipcjax.stencils.used_row_gaps` ``(g, w, n)`` and freezes the friction set
     ``make_friction(contacts, (g, w, n))`` (a :class:`~ipcjax.problem.FrictionSet`), which
     replaces ``problem.context.friction`` for the whole solve.
     """
@@ -331,7 +331,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
                                  [lambda _: query(x, jnp.where(first, x, x + s.dx)), lambda kept: kept],
                                  (s.contacts, s.stats))
         at = jnp.where(recheck, x.astype(jnp.float32).astype(x.dtype), x)
-        at_x = contact_gaps(at, c2, radius, min_gap)  # one copy of the closest-point code for all
+        at_x = used_row_gaps(at, c2, radius, min_gap)  # one copy of the closest-point code for all
         g2 = at_x[0]
         return jax.lax.cond(recheck, lambda: s._replace(rounded_gap=jnp.min(g2, initial=jnp.inf),
                                                         recheck=jnp.bool_(False), phase=jnp.int32(DIRECTION)),

@@ -27,6 +27,7 @@ from ipcjax.potential import (
 )
 from ipcjax.problem import StepContext, StepProblem
 from ipcjax.result import StepCode
+from ipcjax import stencils as S
 from ipcjax.stencils import ContactSet, contact_gaps, contact_weights, friction_set, gather_stencils
 from ipcjax.step import advance, make_state, simulate, step
 from scenes.film import drape_scene, vertex_triangle_scene
@@ -485,6 +486,32 @@ def test_per_block_weights_equal_the_kind_selected_ones(active_system):
     assert np.abs(fast[valid]).max() > 0
     with pytest.raises(ValueError, match="blocks"):
         contact_weights(X, ContactSet(cs.idx, cs.kind, cs.valid, (1, 1, 1, 1)))
+
+
+@pytest.mark.parametrize("chunk", [64, 100, 512])
+def test_gaps_up_to_each_blocks_last_valid_row_are_every_rows(active_system, monkeypatch, chunk):
+    """The Newton loop's gaps over a candidate set (``used_row_gaps``: passes of GAP_CHUNK
+    rows up to each block's last valid row) are contact_gaps' over every row: the same
+    +∞, weights and normals for padding, the valid rows' to round-off; also with rows left
+    out in the middle of a block and at a block's end, and with a last pass that overlaps
+    the one before."""
+    sc, m, p, x, x0, cs = active_system
+    monkeypatch.setattr(S, "GAP_CHUNK", chunk)
+    valid = np.asarray(cs.valid).copy()
+    first_ee = cs.blocks[0]
+    valid[5] = valid[first_ee + 3] = False  # holes inside the VT and EE blocks
+    holes = ContactSet(cs.idx, cs.kind, jnp.asarray(valid), cs.blocks)
+    for c in (cs, holes):
+        assert c.idx.shape[0] > 2 * chunk and c.blocks is not None
+        ref = jax.jit(lambda z, c: contact_gaps(z, c, m.radius, 3e-5))(x, c)
+        got = jax.jit(lambda z, c: S.used_row_gaps(z, c, m.radius, 3e-5))(x, c)
+        v = np.asarray(c.valid)
+        assert np.all(np.isinf(np.asarray(got[0])[~v])) and np.all(np.isfinite(np.asarray(got[0])[v]))
+        for a, b in zip(ref, got):
+            a, b = np.asarray(a), np.asarray(b)
+            np.testing.assert_array_equal(a[~v], b[~v])
+            np.testing.assert_allclose(b[v], a[v], rtol=1e-13, atol=1e-17)
+        assert np.sum(v) > 100 and np.abs(np.asarray(got[0])[v]).max() > 0
 
 
 # ---------------------------------------------------------------- the sparse direct path (ipcjax.ldl)
