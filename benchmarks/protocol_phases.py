@@ -1,6 +1,6 @@
 """Where a whole bag run's stepping time goes, by choreography phase (issue #30).
 
-    python3 benchmarks/protocol_phases.py --out runs/phases [--until 10.5] [--json FILE]
+    python3 benchmarks/protocol_phases.py --out runs/phases [--until 10.5] [--json FILE] [--active N]
 
 Runs ``scenes.bag_run.run_bag`` (no meshes, no pictures, no progress bar) with every
 ``ipcjax.step.advance`` call timed from outside, and prints per phase of the protocol: its
@@ -8,7 +8,10 @@ steps, their wall time (the first step, with its compilation, left out), ms per 
 Newton iterations and candidate queries per step, line-search trials per iteration; then
 the steps slower than 3 s (a compilation: the first step, or a step whose capacity grew)
 with their capacity. JSON (``--json``): the same per phase and every step's record
-(t, wall s, iterations, queries, trials, substeps, capacity grown).
+(t, wall s, iterations, queries, trials, substeps, capacity grown). ``--active N``: the run
+starts with ``Capacity.active`` N instead of :func:`ipcjax.capacity.initial_capacity`'s (the
+rest of that capacity unchanged; it grows on an overflow as any run's), to see what fewer
+slots cost and save.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/phases", help="run folder (overwritten)")
     ap.add_argument("--until", type=float, default=None, help="simulated end time, s (default: the protocol's)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--active", type=int, default=None, help="start Capacity.active at N")
     args = ap.parse_args(argv)
 
     from ipcjax import step as ipc_step
@@ -48,10 +52,15 @@ def main(argv=None):
         return new, rep
 
     ipc_step.advance = timed
+    from ipcjax import candidates
+    initial = candidates.initial_capacity
+    if args.active is not None:  # advance and check_geometry read it from ipcjax.candidates
+        candidates.initial_capacity = lambda topo, x=None: initial(topo, x)._replace(active=args.active)
     try:
         res = run_bag(BagRunOptions(out=args.out, until=args.until, mesh_every=0, pictures=False, progress=False))
     finally:
         ipc_step.advance = advance
+        candidates.initial_capacity = initial
     choreo = res.scene.choreography
     phases = {}
     for r in records[1:]:  # the first step holds the compilation

@@ -19,11 +19,15 @@ from ipcjax import lockstep
 from ipcjax.capacity import KIND_FLOOR, KIND_SLACK, kind_slots
 from ipcjax.model import Config
 from ipcjax.problem import StepProblem
-from ipcjax.stencils import ContactSet, StencilGeometry, active_rows, stencil_geometry, stencil_weights
+from ipcjax.stencils import (ContactSet, StencilGeometry, active_rows, fold_used_rows, gather_stencils,
+                             stencil_geometry, stencil_offsets, stencil_weights)
 
 #: Stencils re-bounded by conservative advancement per Newton iteration (the smallest
 #: single bounds); the rest keep their single bound.
 ADVANCE_STENCILS = 64
+
+#: Rows per pass of :func:`step_bound`'s single bounds over a set blocked by kind.
+BOUND_CHUNK = 64
 
 #: Relative round-off of Φ (a sum of many terms, some with cancellation): a predicted
 #: decrease below this fraction of |Φ(x)| cannot be resolved by comparing values of Φ.
@@ -201,17 +205,33 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
     (:func:`ipcjax.ccd.stencil_advance`, up to ``config.ccd_passes`` passes), and the
     result is the minimum of those and the next-smallest single bound. ``geometry``: the
     stencils at x (:func:`ipcjax.stencils.stencil_geometry`) when the caller has them.
+    Without it, a set blocked by kind (a query's, or the Newton loop's compacted reach
+    set) takes the single bounds only up to each kind's last valid row
+    (:func:`ipcjax.stencils.fold_used_rows`, in passes of :data:`BOUND_CHUNK`; a padding
+    row's bound is 1), and the stencils of the rows it advances.
     """
-    config = problem.config
-    if geometry is None:
-        geometry = stencil_geometry(x, contacts, problem.model.radius, config.min_gap)
-    X, w, off = geometry
-    dX = dx[contacts.idx]
-    single = jax.vmap(_ccd.stencil_max_step)(X, dX, w, off, contacts.kind)
-    single = jnp.where(contacts.valid, single, 1.0)
-    n = single.shape[0]
+    config, radius = problem.config, problem.model.radius
+    n = contacts.idx.shape[0]
     if n == 0:
         return jnp.asarray(1.0, x.dtype)
+    if geometry is None and contacts.blocks is not None and n >= BOUND_CHUNK:
+        # the single bounds of each kind's rows up to its last valid one; padding bounds 1
+        def row_fn(cs, X, w):
+            s = jax.vmap(_ccd.stencil_max_step)(X, dx[cs.idx], w, stencil_offsets(cs, radius, config.min_gap), cs.kind)
+            return jnp.where(cs.valid, s, 1.0)
+
+        def update(single, start, mine, new):
+            old = jax.lax.dynamic_slice_in_dim(single, start, new.shape[0])
+            return jax.lax.dynamic_update_slice_in_dim(single, jnp.where(mine, new, old), start, 0)
+
+        single = fold_used_rows(x, contacts, row_fn, update, jnp.ones(n, x.dtype), chunk=BOUND_CHUNK)
+        X = off = None
+    else:
+        if geometry is None:
+            geometry = stencil_geometry(x, contacts, radius, config.min_gap)
+        X, w, off = geometry
+        single = jax.vmap(_ccd.stencil_max_step)(X, dx[contacts.idx], w, off, contacts.kind)
+        single = jnp.where(contacts.valid, single, 1.0)
     # advance only the most limiting stencils; every other one keeps its single bound,
     # so the result is min(advanced few, next-smallest single bound) — still conservative
     k = min(ADVANCE_STENCILS, n)
@@ -221,9 +241,12 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
         _, sel = jax.lax.top_k(-single, n)
         rest = jnp.asarray(1.0, single.dtype)
     passes = config.ccd_passes
+    picked = ContactSet(contacts.idx[sel], contacts.kind[sel], contacts.valid[sel])
+    X_sel = gather_stencils(x, picked) if X is None else X[sel]
+    off_sel = stencil_offsets(picked, radius, config.min_gap) if off is None else off[sel]
     adv, _ = jax.vmap(lambda X, dX, o, kd: _ccd.stencil_advance(X, dX, o, kd, stencil_weights, passes))(
-        X[sel], dX[sel], off[sel], contacts.kind[sel])
-    adv = jnp.where(contacts.valid[sel], adv, 1.0)
+        X_sel, dx[picked.idx], off_sel, picked.kind)
+    adv = jnp.where(picked.valid, adv, 1.0)
     return jnp.minimum(jnp.min(adv), rest)
 
 

@@ -87,7 +87,7 @@ from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contact
                                 slots_needed, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
-from ipcjax.potential import gradient_and_blocks, incremental_potential
+from ipcjax.potential import gradient_and_blocks, line_search_potential
 from ipcjax.problem import FrictionSet, StepProblem
 from ipcjax.result import StepCode, set_code
 from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry, used_row_gaps
@@ -263,8 +263,8 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
     def problem_of(s):
         return problem._replace(context=problem.context._replace(friction=s.friction))
 
-    def potential(pb, contacts):
-        return lambda z: incremental_potential(z, pb, contacts)
+    def potential(pb, contacts):  # Φ for the line search: its barrier over the used rows
+        return lambda z: line_search_potential(z, pb, contacts)
 
     def cond(s: NewtonState):
         return (s.phase != DIRECTION) | ((~s.converged) & (s.code == 0) & (s.iteration < config.max_newton))
@@ -409,7 +409,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         cs2, st2, box2, rx2, rg2 = s.contacts, s.stats, s.box, s.ref_x, s.ref_gap
 
         def over_all_rows(cs2):
-            a0 = step_bound(x, dx, cs2, pb, geometry=stencil_geometry(x, cs2, radius, min_gap))
+            a0 = step_bound(x, dx, cs2, pb)
             phi = potential(pb, cs2)
             phi0 = phi(x)
             return (a0,) + armijo(phi, x, dx, config, phi0=phi0, slope=slope, alpha0=a0) + (phi0,)
@@ -425,7 +425,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
                 fits = n_reach <= active
             else:
                 sub, fits = cs2, True
-            bound = step_bound(x, reach * dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
+            bound = step_bound(x, reach * dx, sub, pb)
             phi = potential(pb, sub)
             # more rows in reach than slots: no expansion (it is optional, so no overflow)
             cap = jnp.where(fits, reach * bound, 0.0)
@@ -440,7 +440,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
             # a segment whose reach set overflows the slots is cut where it fits (reach_scale)
             cut = reach_scale(dx, cs2, lb2, dhat, active, need=need)
             sub, n_reach = reach_contacts(cut * dx, cs2, lb2, dhat, active)
-            a0 = step_bound(x, cut * dx, sub, pb, geometry=stencil_geometry(x, sub, radius, min_gap))
+            a0 = step_bound(x, cut * dx, sub, pb)
             phi = potential(pb, sub)  # Φ(x) on the same rows, so both sides of Armijo sum alike
             phi0 = phi(x)
             a, k, ok, val = armijo(phi, x, cut * dx, config, phi0=phi0, slope=cut * slope, alpha0=a0)

@@ -139,92 +139,119 @@ def contact_gaps(x, contacts: ContactSet, radius, min_gap):
     return jnp.where(contacts.valid, g, jnp.inf), w, n
 
 
-#: Rows per pass of :func:`used_row_gaps`.
+#: Rows per pass of :func:`fold_used_rows`.
 GAP_CHUNK = 512
 
 
-def used_row_gaps(x, contacts: ContactSet, radius, min_gap):
-    """:func:`contact_gaps` of a set blocked by kind, computed only up to the last valid row
-    of each block.
+def fold_used_rows(x, contacts: ContactSet, row_fn, update, carry, *, chunk: int):
+    """Fold the rows of a set blocked by kind, up to each block's last valid row, in passes
+    of ``chunk`` rows, each pass with its own kind's closest-point formula.
 
-    A query's candidate set holds each kind's rows first and its padding after them, and
-    its buffers are sized for the largest count a run has met (at the pouch bag's tie
-    6,022 of 14,358 rows are valid; 2.4 ms for every row, 1.1 ms this way,
-    docs/benchmarks.md). The rows are taken in passes of :data:`GAP_CHUNK` (a
-    ``while_loop`` that stops after each block's last valid row), each with its own kind's
-    closest-point formula; every row past them gets what a padding row gets, the gap +∞
-    and the weights and normal of the dummy stencil (:func:`gather_stencils`). Each row
-    goes through :func:`contact_gaps`'s formulas, but XLA compiles a pass of 512 rows and a
-    whole block into different machine code, which can round a row's last bit otherwise
-    (up to a few 1e-16 relative; tests/test_candidates.py). A set without ``blocks``, or of
-    at most two passes' rows, goes through :func:`contact_gaps`.
+    A query's candidate set, and the Newton loop's compacted sets, hold each kind's rows
+    first and padding after them, sized for the most a run has met: at the pouch bag's tie
+    6,022 of 14,358 candidate rows are valid, and 687 of the 2,337 slots of a reach set.
+    Rows past a block's last valid row are padding, and each caller knows what padding
+    gives (a gap +∞, a barrier 0, a step bound 1), so only the rows before them are taken:
+    a ``while_loop`` per closest-point formula (point–triangle for VT and SF, edge–edge for
+    EE) over passes of ``chunk`` rows; the few SS rows are taken whole.
+
+    ``row_fn(cs, X, w)`` gives per-row values of a :class:`ContactSet` ``cs`` (a pass's rows,
+    as :func:`gather_stencils` gives them ``X``, and their weights ``w``); ``update(carry,
+    start, mine, values)`` folds them in, ``start`` the first row of the pass in the set and
+    ``mine`` (its length) the rows the pass holds (each row is in exactly one pass: the last
+    pass of a set is moved back to end at the set's end, and the rows it shares with the pass
+    before are not its). Each row goes through :func:`contact_gaps`'s formulas, but XLA
+    compiles a pass and a whole block into different machine code, which can round a row's
+    last bit otherwise (up to a few 1e-16 relative). Not reverse-differentiable (the loop).
+    """
+    blocks, M, C = contacts.blocks, contacts.idx.shape[0], int(chunk)
+    if blocks is None or sum(blocks) != M or M < C:
+        raise ValueError(f"fold_used_rows needs a set blocked by kind of at least {C} rows; "
+                         f"got {M} rows with blocks {blocks}")
+    first = [sum(blocks[:k]) for k in range(4)]
+    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
+    ss = lambda Y: jnp.broadcast_to(_dist.sphere_pair_weights().astype(Y.dtype), (Y.shape[0], 4))
+
+    def values(cs, weights):
+        X = gather_stencils(x, cs)
+        return row_fn(cs, X, weights(X))
+
+    if blocks[3]:
+        a = first[3]
+        cs = ContactSet(contacts.idx[a:], contacts.kind[a:], contacts.valid[a:])
+        carry = update(carry, jnp.int32(a), jnp.ones(blocks[3], bool), values(cs, ss))
+    row = jnp.arange(C, dtype=jnp.int32)
+    for family, weights in (((0, 2), pt), ((1,), ee)):
+        family = tuple(k for k in family if blocks[k])
+        if not family:
+            continue
+        used = [jnp.max(jnp.where(contacts.valid[first[k]:first[k] + blocks[k]],
+                                  jnp.arange(1, blocks[k] + 1, dtype=jnp.int32), 0), initial=0) for k in family]
+        passes = [(u + C - 1) // C for u in used]
+
+        def where_is(i, family=family, passes=passes):
+            """(the pass's first row, the end of its block) for pass i of this family."""
+            before = jnp.int32(0)
+            d, end = jnp.int32(0), jnp.int32(0)
+            for k, p in zip(family, passes):
+                here = (i >= before) & (i < before + p)
+                d = jnp.where(here, jnp.int32(first[k]) + (i - before) * C, d)
+                end = jnp.where(here, jnp.int32(first[k] + blocks[k]), end)
+                before = before + p
+            return d, end
+
+        def one_pass(c, weights=weights, where_is=where_is):
+            i, carry = c
+            d, end = where_is(i)
+            s = jnp.clip(d, 0, M - C)
+            take = lambda a: jax.lax.dynamic_slice_in_dim(a, s, C)
+            cs = ContactSet(take(contacts.idx), take(contacts.kind), take(contacts.valid))
+            mine = (s + row >= d) & (s + row < jnp.minimum(d + C, end))
+            return i + 1, update(carry, s, mine, values(cs, weights))
+
+        total = sum(passes)
+        _, carry = jax.lax.while_loop(lambda c, total=total: c[0] < total, one_pass, (jnp.int32(0), carry))
+    return carry
+
+
+def padding_geometry(dtype):
+    """(w, n) of a padding row per kind (VT, EE, SF, SS): the dummy stencil's weights by that
+    kind's formula and its normal, as :func:`contact_gaps` gives padding rows."""
+    X = _DUMMY_STENCIL.astype(dtype)
+    w_pt = _dist.point_triangle_weights(X[0], X[1], X[2], X[3])[0]
+    w_ee = _dist.edge_edge_weights(X[0], X[1], X[2], X[3])[0]
+    w_ss = _dist.sphere_pair_weights().astype(dtype)
+    return [(w, _dist.stencil_distance(X, w)[1]) for w in (w_pt, w_ee, w_pt, w_ss)]
+
+
+def used_row_gaps(x, contacts: ContactSet, radius, min_gap):
+    """:func:`contact_gaps` of a set blocked by kind, taken only up to each block's last valid
+    row (:func:`fold_used_rows`; at the pouch bag's tie 2.4 ms for every row, 1.1 ms this
+    way, docs/benchmarks.md); every row past them gets what a padding row gets, the gap +∞
+    and the dummy stencil's weights and normal. The same values as :func:`contact_gaps` to
+    the last bit's round-off (tests/test_sparse.py). A set without ``blocks``, or of at most
+    two passes' rows, goes through :func:`contact_gaps`.
     """
     blocks, M, C = contacts.blocks, contacts.idx.shape[0], GAP_CHUNK
     if blocks is None or M <= 2 * C:
         return contact_gaps(x, contacts, radius, min_gap)
-    if sum(blocks) != M:
-        raise ValueError(f"ContactSet blocks {blocks} sum to {sum(blocks)} rows; the set has {M}")
-    first = [sum(blocks[:k]) for k in range(4)]
-    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    dummy = _DUMMY_STENCIL.astype(x.dtype)[None]
+    pad = padding_geometry(x.dtype)
+    w0 = jnp.concatenate([jnp.broadcast_to(pad[k][0], (b, 4)) for k, b in enumerate(blocks)])
+    n0 = jnp.concatenate([jnp.broadcast_to(pad[k][1], (b, 3)) for k, b in enumerate(blocks)])
 
-    def rows_of(cs, weights):
-        X = gather_stencils(x, cs)
-        w = weights(X)
+    def row_fn(cs, X, w):
         d, n = jax.vmap(_dist.stencil_distance)(X, w)
         return jnp.where(cs.valid, d - stencil_offsets(cs, radius, min_gap), jnp.inf), w, n
 
-    def padding(weights):
-        w = weights(dummy)
-        return w[0], jax.vmap(_dist.stencil_distance)(dummy, w)[1][0]
+    def update(carry, s, mine, new):
+        def put(a, b):
+            old = jax.lax.dynamic_slice_in_dim(a, s, b.shape[0])
+            return jax.lax.dynamic_update_slice_in_dim(
+                a, jnp.where(mine.reshape(mine.shape + (1,) * (b.ndim - 1)), b, old), s, 0)
+        return tuple(put(a, b) for a, b in zip(carry, new))
 
-    # every row starts as padding, with its kind's weights and normal; the SS rows are few
-    # and are taken whole
-    n_vt, n_ee, n_sf, n_ss = blocks
-    ss_w = lambda X: jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (X.shape[0], 4))
-    w_pad = [padding(pt), padding(ee), padding(pt)]
-    g = jnp.full(M, jnp.inf, x.dtype)
-    w = jnp.concatenate([jnp.broadcast_to(w_pad[k][0], (b, 4)) for k, b in enumerate(blocks[:3])]
-                        + [jnp.zeros((n_ss, 4), x.dtype)])
-    n = jnp.concatenate([jnp.broadcast_to(w_pad[k][1], (b, 3)) for k, b in enumerate(blocks[:3])]
-                        + [jnp.zeros((n_ss, 3), x.dtype)])
-    if n_ss:
-        a = first[3]
-        ss = ContactSet(contacts.idx[a:], contacts.kind[a:], contacts.valid[a:])
-        g_s, w_s, n_s = rows_of(ss, ss_w)
-        g, w, n = g.at[a:].set(g_s), w.at[a:].set(w_s), n.at[a:].set(n_s)
-
-    for family, weights in (((0, 2), pt), ((1,), ee)):
-        # the passes over this family's blocks: each block up to its last valid row
-        used = [jnp.max(jnp.where(contacts.valid[first[k]:first[k] + blocks[k]],
-                                  jnp.arange(1, blocks[k] + 1, dtype=jnp.int32), 0), initial=0)
-                for k in family]
-        passes = [(u + C - 1) // C for u in used]
-        member = jnp.zeros(M, bool)
-        for k in family:
-            member = member.at[first[k]:first[k] + blocks[k]].set(True)
-
-        def start_of(i, passes=passes, family=family):
-            s = jnp.int32(first[family[-1]]) + (i - sum(passes[:-1])) * C
-            for k, p_before in zip(reversed(family[:-1]), reversed(passes[:-1])):
-                s = jnp.where(i < p_before, jnp.int32(first[k]) + i * C, s)
-            return jnp.clip(s, 0, M - C)
-
-        def one_pass(carry, weights=weights, member=member, start_of=start_of):
-            i, g, w, n = carry
-            s = start_of(i)
-            take = lambda a: jax.lax.dynamic_slice_in_dim(a, s, C)
-            cs = ContactSet(take(contacts.idx), take(contacts.kind), take(contacts.valid))
-            g_c, w_c, n_c = rows_of(cs, weights)
-            mine = take(member)
-            put = lambda a, new: jax.lax.dynamic_update_slice_in_dim(
-                a, jnp.where(mine.reshape((C,) + (1,) * (new.ndim - 1)), new, take(a)), s, 0)
-            return i + 1, put(g, g_c), put(w, w_c), put(n, n_c)
-
-        total = sum(passes)
-        _, g, w, n = jax.lax.while_loop(lambda c, total=total: c[0] < total, one_pass, (jnp.int32(0), g, w, n))
-    return g, w, n
+    return fold_used_rows(x, contacts, row_fn, update, (jnp.full(M, jnp.inf, x.dtype), w0, n0), chunk=C)
 
 
 def active_rows(mask, size: int):

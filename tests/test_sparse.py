@@ -514,6 +514,38 @@ def test_gaps_up_to_each_blocks_last_valid_row_are_every_rows(active_system, mon
         assert np.sum(v) > 100 and np.abs(np.asarray(got[0])[v]).max() > 0
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_line_search_phi_and_step_bound_over_the_used_rows_are_over_every_row(active_system, monkeypatch, chunk):
+    """The line search's Φ (its barrier summed pass by pass up to each kind's last used slot)
+    and the step bound without a geometry (single bounds the same way) equal Φ and the bound
+    over every slot of a compacted set, to round-off; with a hole in a block too."""
+    from ipcjax import line_search as LS
+    from ipcjax import potential as P
+    from ipcjax.problem import StepContext, StepProblem
+
+    sc, m, p, x, x0, cs = active_system
+    monkeypatch.setattr(P, "BARRIER_CHUNK", chunk)
+    monkeypatch.setattr(LS, "BOUND_CHUNK", chunk)
+    g = np.asarray(jax.jit(lambda z, c: contact_gaps(z, c, m.radius, 3e-5))(x, cs)[0])
+    sub, n = compact_contacts(cs, jnp.asarray(g < 1.5e-3), 200)
+    assert int(n) <= 200 and sub.blocks is not None
+    cfg = Config()
+    ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT),
+                      friction=jax.jit(friction_set)(x0, cs, m.radius, p, cfg))
+    pb = StepProblem(m, p, Controls.empty(m.n_particles), ctx, cfg)
+    dx = jnp.zeros_like(x).at[:81, 2].set(-1.5e-3)  # the film pressed onto the sphere: bounds below 1
+    valid = np.asarray(sub.valid).copy()
+    valid[2] = False  # a hole inside the VT slots
+    for c in (sub, ContactSet(sub.idx, sub.kind, jnp.asarray(valid), sub.blocks)):
+        phi_all = float(jax.jit(lambda z: incremental_potential(z, pb, c))(x))
+        phi_used = float(jax.jit(lambda z: P.line_search_potential(z, pb, c))(x))
+        assert phi_all > 0 and phi_used == pytest.approx(phi_all, rel=1e-14)
+        geom = jax.jit(lambda z: LS.stencil_geometry(z, c, m.radius, cfg.min_gap))(x)
+        b_all = float(jax.jit(lambda z, d: LS.step_bound(z, d, c, pb, geometry=geom))(x, dx))
+        b_used = float(jax.jit(lambda z, d: LS.step_bound(z, d, c, pb))(x, dx))
+        assert 0 < b_all < 1 and b_used == pytest.approx(b_all, rel=1e-12)
+
+
 # ---------------------------------------------------------------- the sparse direct path (ipcjax.ldl)
 
 def sparse_direction(g, hb):
