@@ -12,7 +12,7 @@ jitted alone, best of --repeat, ms:
   ``stencils.used_row_gaps`` (passes up to each kind's last valid row);
 * Φ and the step bound over a compacted set (the rows within d̂ + --band of x₀, in
   ``Capacity.active`` slots blocked by kind, as a reach set is): ``potential.incremental_potential``
-  against ``potential.line_search_potential``, and ``line_search.step_bound`` with the
+  against ``used_rows.line_search_potential``, and ``line_search.step_bound`` with the
   whole set's geometry against it without (single bounds over the used rows); along a
   random direction of 0.2 mm;
 * the same Φ and bound over every slot with ``Capacity.active`` at 700, 1,000, 1,400
@@ -44,7 +44,8 @@ def state_figures(path, band, repeat):
     from ipcjax.capacity import kind_slots
     from ipcjax.line_search import compact_contacts, step_bound
     from ipcjax.newton import active_size, query_contacts
-    from ipcjax.potential import incremental_potential, line_search_potential
+    from ipcjax.potential import incremental_potential
+    from ipcjax.used_rows import line_search_potential
     from ipcjax.step import StepInputs, step_problem
     from ipcjax.stencils import contact_gaps, stencil_geometry, used_row_gaps
 

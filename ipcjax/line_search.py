@@ -20,7 +20,7 @@ from ipcjax.capacity import KIND_FLOOR, KIND_SLACK, kind_slots
 from ipcjax.model import Config
 from ipcjax.problem import StepProblem
 from ipcjax.stencils import (ContactSet, StencilGeometry, active_rows, fold_used_rows, gather_stencils,
-                             stencil_geometry, stencil_offsets, stencil_weights)
+                             put_rows, stencil_geometry, stencil_offsets, stencil_weights)
 
 #: Stencils re-bounded by conservative advancement per Newton iteration (the smallest
 #: single bounds); the rest keep their single bound.
@@ -220,11 +220,8 @@ def step_bound(x, dx, contacts: ContactSet, problem: StepProblem, *, geometry: S
             s = jax.vmap(_ccd.stencil_max_step)(X, dx[cs.idx], w, stencil_offsets(cs, radius, config.min_gap), cs.kind)
             return jnp.where(cs.valid, s, 1.0)
 
-        def update(single, start, mine, new):
-            old = jax.lax.dynamic_slice_in_dim(single, start, new.shape[0])
-            return jax.lax.dynamic_update_slice_in_dim(single, jnp.where(mine, new, old), start, 0)
-
-        single = fold_used_rows(x, contacts, row_fn, update, jnp.ones(n, x.dtype), chunk=BOUND_CHUNK)
+        single, = fold_used_rows(x, contacts, lambda *a: (row_fn(*a),), put_rows, (jnp.ones(n, x.dtype),),
+                                 chunk=BOUND_CHUNK)
         X = off = None
     else:
         if geometry is None:

@@ -45,8 +45,8 @@ from ipcjax.problem import StepProblem
 # The contact stencils live in ipcjax.stencils; their names stay importable from here, because
 # benchmarks/ runs one worker script on older commits' trees too (benchmarks/ab_step.py).
 from ipcjax.stencils import (  # noqa: F401
-    ContactSet, StencilGeometry, active_rows, contact_gaps, contact_weights, fold_used_rows, friction_kinks,
-    friction_set, gather_stencils, stencil_geometry, stencil_offsets, stencil_weights,
+    ContactSet, StencilGeometry, active_rows, contact_gaps, contact_weights, friction_kinks, friction_set,
+    gather_stencils, stencil_geometry, stencil_offsets, stencil_weights,
 )
 
 
@@ -326,38 +326,6 @@ def potential_terms(x, problem: StepProblem, contacts: ContactSet) -> dict:
 def incremental_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.ndarray:
     """Φ(x) in J; +∞ where any gap is ≤ 0 (outside the feasible set)."""
     return sum(potential_terms(x, problem, contacts).values())
-
-
-#: Rows per pass of the barrier in :func:`line_search_potential`.
-BARRIER_CHUNK = 64
-
-
-def line_search_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.ndarray:
-    """Φ(x) of :func:`incremental_potential` for the Newton loop's line search, its barrier
-    summed only over each kind's rows up to its last valid one
-    (:func:`ipcjax.stencils.fold_used_rows`): a compacted set's slots are sized for the
-    most rows a run meets (at the pouch bag's tie 687 of 2,337 slots are used), and a padding
-    row's barrier is 0. The same terms in the same order; the barrier's sum is taken pass by
-    pass, so Φ can differ from :func:`incremental_potential` in its last bits, and the line
-    search compares values of this one function only. Not reverse-differentiable (the
-    loop); a set without ``blocks``, or of fewer rows than a pass, takes
-    :func:`incremental_potential`.
-    """
-    if contacts.blocks is None or contacts.idx.shape[0] < BARRIER_CHUNK:
-        return incremental_potential(x, problem, contacts)
-    model, params, config = problem.model, problem.params, problem.config
-
-    def row_fn(cs, X, w):
-        d, _ = jax.vmap(_dist.stencil_distance)(X, w)
-        off = stencil_offsets(cs, model.radius, config.min_gap)
-        e = jax.vmap(lambda g: _bar.barrier(g, config.dhat, params.barrier_stiffness))(d - off)
-        return jnp.where(cs.valid, e, 0.0)
-
-    def update(total, start, mine, e):
-        return total + jnp.sum(jnp.where(mine, e, 0.0))
-
-    barrier = fold_used_rows(x, contacts, row_fn, update, jnp.zeros((), x.dtype), chunk=BARRIER_CHUNK)
-    return sum(barrier if term.name == "barrier" else term.value(x, problem, contacts) for term in TERMS)
 
 
 def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,

@@ -244,14 +244,17 @@ def used_row_gaps(x, contacts: ContactSet, radius, min_gap):
         d, n = jax.vmap(_dist.stencil_distance)(X, w)
         return jnp.where(cs.valid, d - stencil_offsets(cs, radius, min_gap), jnp.inf), w, n
 
-    def update(carry, s, mine, new):
-        def put(a, b):
-            old = jax.lax.dynamic_slice_in_dim(a, s, b.shape[0])
-            return jax.lax.dynamic_update_slice_in_dim(
-                a, jnp.where(mine.reshape(mine.shape + (1,) * (b.ndim - 1)), b, old), s, 0)
-        return tuple(put(a, b) for a, b in zip(carry, new))
+    return fold_used_rows(x, contacts, row_fn, put_rows, (jnp.full(M, jnp.inf, x.dtype), w0, n0), chunk=C)
 
-    return fold_used_rows(x, contacts, row_fn, update, (jnp.full(M, jnp.inf, x.dtype), w0, n0), chunk=C)
+
+def put_rows(carry, start, mine, new):
+    """A :func:`fold_used_rows` update: each array of ``new`` written into the matching one of
+    ``carry`` (a tuple) from row ``start`` on, only on the rows ``mine``."""
+    def put(a, b):
+        old = jax.lax.dynamic_slice_in_dim(a, start, b.shape[0])
+        return jax.lax.dynamic_update_slice_in_dim(
+            a, jnp.where(mine.reshape(mine.shape + (1,) * (b.ndim - 1)), b, old), start, 0)
+    return tuple(put(a, b) for a, b in zip(carry, new))
 
 
 def active_rows(mask, size: int):
