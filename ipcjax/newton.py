@@ -80,6 +80,7 @@ import jax
 import jax.numpy as jnp
 
 from ipcjax import candidates as _cand
+from ipcjax import distance as _dist
 from ipcjax import lockstep
 from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contacts, expand, gap_lower_bound,
                                 block_counts, reach_contacts, reach_need, reach_scale,
@@ -87,7 +88,7 @@ from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contact
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
 from ipcjax.potential import gradient_and_blocks
-from ipcjax.used_rows import line_search_potential, used_row_assembly
+from ipcjax.used_rows import line_search_potential
 from ipcjax.problem import FrictionSet, StepProblem
 from ipcjax.result import StepCode, set_code
 from ipcjax.stencils import ContactSet, contact_gaps, stencil_geometry, used_row_gaps
@@ -289,8 +290,10 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
             g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
             return g, hb, hb.n_active
         sub, n_near = compact_contacts(cs, near_rows(s), active)
-        g, hb, gap = used_row_assembly(x, pb, sub)  # the barrier over the used slots only
-        n_in = rows_needed(sub.valid & (gap < dhat), sub.blocks)
+        geom = stencil_geometry(x, sub, radius, min_gap)
+        g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
+        d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
+        n_in = rows_needed(sub.valid & (d - geom.off < dhat), sub.blocks)
         # n_near > active only with the reference at x (see direction_phase), where it is
         # the exact count inside d̂
         n_bar = jnp.where(n_near > active, n_near, n_in)

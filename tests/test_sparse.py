@@ -546,34 +546,6 @@ def test_line_search_phi_and_step_bound_over_the_used_rows_are_over_every_row(ac
         assert 0 < b_all < 1 and b_used == pytest.approx(b_all, rel=1e-12)
 
 
-def test_the_assembly_over_the_used_slots_is_the_assembly_over_every_slot(active_system, monkeypatch):
-    """The Newton loop's assembly (used_rows.used_row_assembly: barrier elements up to each
-    kind's last used slot, friction up to the last loaded row) gives the gradient, the Hessian and the gaps of
-    gradient_and_blocks over every slot, to round-off, the padding slots' blocks zero."""
-    from ipcjax import used_rows as P
-    from ipcjax.problem import StepContext, StepProblem
-
-    sc, m, p, x, x0, cs = active_system
-    monkeypatch.setattr(P, "CHUNK", 16)
-    g0 = np.asarray(jax.jit(lambda z, c: contact_gaps(z, c, m.radius, 3e-5))(x, cs)[0])
-    sub, n = compact_contacts(cs, jnp.asarray(g0 < 1e-3), 200)
-    assert int(n) <= 200
-    cfg = Config()
-    ctx = StepContext(x0=x0, y=x0 + DT**2 * p.gravity, dt=jnp.asarray(DT),
-                      friction=jax.jit(friction_set)(x0, cs, m.radius, p, cfg))
-    pb = StepProblem(m, p, Controls.empty(m.n_particles), ctx, cfg)
-    g_ref, hb_ref = jax.jit(lambda z: gradient_and_blocks(z, pb, sub))(x)
-    g, hb, gap = jax.jit(lambda z: P.used_row_assembly(z, pb, sub))(x)
-    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-12 * np.abs(g_ref).max())
-    H_ref, H = dense_hessian(hb_ref), dense_hessian(hb)
-    np.testing.assert_allclose(np.asarray(H), np.asarray(H_ref), rtol=1e-12, atol=1e-12 * np.abs(H_ref).max())
-    v = np.asarray(sub.valid)
-    ref_gap = np.asarray(jax.jit(lambda z: contact_gaps(z, sub, m.radius, cfg.min_gap)[0])(x))
-    np.testing.assert_allclose(np.asarray(gap)[v], ref_gap[v], rtol=1e-13)
-    assert np.all(np.isinf(np.asarray(gap)[~v])) and np.sum(ref_gap[v] < cfg.dhat) > 10
-    assert int(hb.n_active) == int(hb_ref.n_active)
-
-
 # ---------------------------------------------------------------- the sparse direct path (ipcjax.ldl)
 
 def sparse_direction(g, hb):
