@@ -213,7 +213,7 @@ def _median(a):
     """``jnp.median`` of a 1-D array of non-negative floats (NaN if any is NaN), bit for bit.
 
     Sorted as their int64 bit patterns, which order non-negative floats as their values:
-    XLA's CPU sort of int64 is about 3 times as fast as of float64 (docs/benchmarks.md).
+    XLA's CPU sort of int64 is about 4 times as fast as of float64 (docs/benchmarks.md).
     """
     n = a.shape[0]
     if n == 0:
