@@ -4,10 +4,10 @@
 
 ``tests/test_implicit.py::test_rollout_gradients_with_contact_pass_the_taylor_test`` checks
 the gradient of a 3-step contact rollout in E by the Taylor remainder at the default E.
-This builds the same rollout, weights and Taylor call (tests/helpers.py) and runs them with
-E scaled by each of ``--scales``, printing each verdict: where the default fails and the
-points beside it pass, the default lies near a kink of the rollout rather than the
-gradient being wrong (docs/differentiation.md).
+This takes the test's own loss (``contact_rollout_loss``) and Taylor call (tests/helpers.py)
+and runs them with E scaled by each of ``--scales``, printing each verdict: where the
+default fails and the points beside it pass, the default lies near a kink of the rollout
+rather than the gradient being wrong (docs/differentiation.md).
 """
 from __future__ import annotations
 
@@ -31,23 +31,11 @@ def main(argv=None):
     import jax.numpy as jnp
     import numpy as np
 
-    from ipcjax import candidates as C
-    from ipcjax.implicit import make_rollout, stack_controls
-    from ipcjax.model import Controls, Params
+    from ipcjax.model import Params
     from tests.helpers import taylor_test
-    from tests.test_implicit import CFG, DT, _contact_case
+    from tests.test_implicit import contact_rollout_loss
 
-    m, x0, v0 = _contact_case(args.case)
-    steps = 3
-    ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-12)] * steps)
-    rollout = make_rollout(m, CFG, C.initial_capacity(m.topology), round_fp32=False)
-    W = jnp.asarray(np.random.default_rng(1).normal(size=x0.shape))
-    x0, v0 = jnp.asarray(x0), jnp.asarray(v0)
-
-    @jax.jit
-    def loss(p):
-        frames, _, codes = rollout(p, x0, v0, ctl, DT)
-        return jnp.sum(W * frames[-1]), codes
+    loss = contact_rollout_loss(args.case)  # the test's own rollout, weights and loss
 
     out = dict(command="python3 benchmarks/taylor_base_points.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                case=args.case, points=[])

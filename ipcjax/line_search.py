@@ -254,8 +254,8 @@ def _smallest_bounds(single, k: int):
     Most rows bound nothing (a single bound of exactly 1). Where at most ``k`` rows are
     below 1, those rows and the first rows at 1 are the same set of rows as top_k's, and
     the (k+1)-th smallest is 1: two compactions, not XLA's sort-based top_k (0.04 against
-    0.17 ms for 65 of 2,337 rows on this CPU, ``benchmarks/used_rows.py``). Only more rows below 1
-    than ``k`` take top_k. The order within the set differs; the step bound takes a
+    0.17 ms for 65 of 2,337 rows on this CPU, ``benchmarks/used_rows.py``). Only more rows
+    below 1 than ``k`` take top_k. The order within the set differs; the step bound takes a
     minimum over it.
     """
     below = single < 1.0

@@ -76,6 +76,21 @@ def stencil_weights(X, kind):
     return jnp.where(kind == ContactKind.EE, w_ee, jnp.where(kind == ContactKind.SS, w_ss, w_pt))
 
 
+def _pt_weights(X):
+    """Point–triangle closest-point weights (M, 4) of stencils X (M, 4, 3): VT and SF rows."""
+    return jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])(X)
+
+
+def _ee_weights(X):
+    """Edge–edge closest-point weights (M, 4) of stencils X (M, 4, 3): EE rows."""
+    return jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])(X)
+
+
+def _ss_weights(X):
+    """The constant sphere-pair weights, one row per stencil of X (M, 4, 3): SS rows."""
+    return jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (X.shape[0], 4))
+
+
 def contact_weights(X, contacts: ContactSet):
     """Closest-point weights (M, 4) of every stencil of a contact set at positions X (M, 4, 3).
 
@@ -91,12 +106,9 @@ def contact_weights(X, contacts: ContactSet):
         raise ValueError(f"ContactSet blocks {contacts.blocks} sum to {sum(contacts.blocks)} rows; "
                          f"the stencils have {X.shape[0]}")
     n_vt, n_ee, n_sf, n_ss = contacts.blocks
-    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
     a, b, c = n_vt, n_vt + n_ee, n_vt + n_ee + n_sf
-    w_pt = pt(jnp.concatenate([X[:a], X[b:c]], axis=0))
-    ss = jnp.broadcast_to(_dist.sphere_pair_weights().astype(X.dtype), (n_ss, 4))
-    return jnp.concatenate([w_pt[:a], ee(X[a:b]), w_pt[a:], ss], axis=0)
+    w_pt = _pt_weights(jnp.concatenate([X[:a], X[b:c]], axis=0))
+    return jnp.concatenate([w_pt[:a], _ee_weights(X[a:b]), w_pt[a:], _ss_weights(X[c:])], axis=0)
 
 
 def stencil_offsets(contacts: ContactSet, radius, min_gap):
@@ -170,9 +182,6 @@ def fold_used_rows(x, contacts: ContactSet, row_fn, update, carry, *, chunk: int
         raise ValueError(f"fold_used_rows needs a set blocked by kind of at least {C} rows; "
                          f"got {M} rows with blocks {blocks}")
     first = [sum(blocks[:k]) for k in range(4)]
-    pt = jax.vmap(lambda Y: _dist.point_triangle_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    ee = jax.vmap(lambda Y: _dist.edge_edge_weights(Y[0], Y[1], Y[2], Y[3])[0])
-    ss = lambda Y: jnp.broadcast_to(_dist.sphere_pair_weights().astype(Y.dtype), (Y.shape[0], 4))
 
     def values(cs, weights):
         X = gather_stencils(x, cs)
@@ -181,9 +190,9 @@ def fold_used_rows(x, contacts: ContactSet, row_fn, update, carry, *, chunk: int
     if blocks[3]:
         a = first[3]
         cs = ContactSet(contacts.idx[a:], contacts.kind[a:], contacts.valid[a:])
-        carry = update(carry, jnp.int32(a), jnp.ones(blocks[3], bool), values(cs, ss))
+        carry = update(carry, jnp.int32(a), jnp.ones(blocks[3], bool), values(cs, _ss_weights))
     row = jnp.arange(C, dtype=jnp.int32)
-    for family, weights in (((0, 2), pt), ((1,), ee)):
+    for family, weights in (((0, 2), _pt_weights), ((1,), _ee_weights)):
         family = tuple(k for k in family if blocks[k])
         if not family:
             continue
@@ -216,28 +225,26 @@ def fold_used_rows(x, contacts: ContactSet, row_fn, update, carry, *, chunk: int
     return carry
 
 
-def padding_geometry(dtype):
+def _padding_geometry(dtype):
     """(w, n) of a padding row per kind (VT, EE, SF, SS): the dummy stencil's weights by that
     kind's formula and its normal, as :func:`contact_gaps` gives padding rows."""
     X = _DUMMY_STENCIL.astype(dtype)
-    w_pt = _dist.point_triangle_weights(X[0], X[1], X[2], X[3])[0]
-    w_ee = _dist.edge_edge_weights(X[0], X[1], X[2], X[3])[0]
-    w_ss = _dist.sphere_pair_weights().astype(dtype)
-    return [(w, _dist.stencil_distance(X, w)[1]) for w in (w_pt, w_ee, w_pt, w_ss)]
+    ws = [f(X[None])[0] for f in (_pt_weights, _ee_weights, _pt_weights, _ss_weights)]
+    return [(w, _dist.stencil_distance(X, w)[1]) for w in ws]
 
 
 def used_row_gaps(x, contacts: ContactSet, radius, min_gap):
     """:func:`contact_gaps` of a set blocked by kind, taken only up to each block's last valid
     row (:func:`fold_used_rows`; at the pouch bag's tie 2.45 ms for every row, 1.17 ms this
     way, ``benchmarks/used_rows.py``); every row past them gets what a padding row gets,
-    the gap +∞ and the dummy stencil's weights and normal. The same values as :func:`contact_gaps` to
-    the last bit's round-off (tests/test_sparse.py). A set without ``blocks``, or of at most
-    two passes' rows, goes through :func:`contact_gaps`.
+    the gap +∞ and the dummy stencil's weights and normal. The same values as
+    :func:`contact_gaps` to the last bit's round-off (tests/test_sparse.py). A set without
+    ``blocks``, or of at most two passes' rows, goes through :func:`contact_gaps`.
     """
     blocks, M, C = contacts.blocks, contacts.idx.shape[0], GAP_CHUNK
     if blocks is None or M <= 2 * C:
         return contact_gaps(x, contacts, radius, min_gap)
-    pad = padding_geometry(x.dtype)
+    pad = _padding_geometry(x.dtype)
     w0 = jnp.concatenate([jnp.broadcast_to(pad[k][0], (b, 4)) for k, b in enumerate(blocks)])
     n0 = jnp.concatenate([jnp.broadcast_to(pad[k][1], (b, 3)) for k, b in enumerate(blocks)])
 

@@ -77,17 +77,14 @@ def _contact_case(name):
     return sc.model, sc.x, np.zeros_like(sc.x)
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param("vertex-triangle press", marks=pytest.mark.slow),
-    "frictional slide",
-    pytest.param("film on sphere", marks=pytest.mark.slow),
-])
-def test_rollout_gradients_with_contact_pass_the_taylor_test(case):
+def contact_rollout_loss(case):
+    """The jitted loss p ↦ (Σ W·x of the last frame of a 3-step rollout of ``case``, codes),
+    random weights W: what the Taylor test below differentiates
+    (benchmarks/taylor_base_points.py takes it too)."""
     m, x0, v0 = _contact_case(case)
-    cap = C.initial_capacity(m.topology)
     steps = 3
     ctl = stack_controls([Controls.empty(m.n_particles, tolerance=1e-12)] * steps)
-    rollout = make_rollout(m, CFG, cap, round_fp32=False)
+    rollout = make_rollout(m, CFG, C.initial_capacity(m.topology), round_fp32=False)
     W = jnp.asarray(np.random.default_rng(1).normal(size=x0.shape))
     x0, v0 = jnp.asarray(x0), jnp.asarray(v0)
 
@@ -96,6 +93,16 @@ def test_rollout_gradients_with_contact_pass_the_taylor_test(case):
         frames, _, codes = rollout(p, x0, v0, ctl, DT)
         return jnp.sum(W * frames[-1]), codes
 
+    return loss
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param("vertex-triangle press", marks=pytest.mark.slow),
+    "frictional slide",
+    pytest.param("film on sphere", marks=pytest.mark.slow),
+])
+def test_rollout_gradients_with_contact_pass_the_taylor_test(case):
+    loss = contact_rollout_loss(case)
     p0 = Params.film_defaults()
     (val, codes), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(p0)
     assert np.all(np.asarray(codes) == 0)
