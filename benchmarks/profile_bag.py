@@ -28,9 +28,12 @@ bag run wrote), in this process:
    not met before), numeric factorization, solve; the callback's own cost and transfers
    are not in it), the skin check
    and requery (only where an iterate leaves the skin), the reach set
-   (``line_search.reach_contacts``), the step bound (with its rows' weights) and the
-   Armijo line search (Φ(x) on its rows included), the last two over the reach set when
-   it fits, as the loop does. Each phase's time is the best of --repeat calls at each
+   (``line_search.reach_contacts``), the step bound (its single bounds over each kind's
+   used rows, ``stencils.fold_used_rows``) and the Armijo line search (Φ(x) on its rows
+   included, ``used_rows.line_search_potential``), the last two over the reach set when
+   it fits, as the loop does. The replay also counts the barrier and friction blocks the
+   direction's custom call reads (the elements with a row of a free DOF; the others add
+   nothing and are left unread, ``potential.Elements``). Each phase's time is the best of --repeat calls at each
    iterate, summed over the step's iterations, and given per iteration.
 4. **The host driver** around the step, as ``scenes.bag_run.run_bag`` runs it: the
    choreography (``observe``, ``controls_at``), ``advance``'s own time beside the jitted
@@ -116,7 +119,8 @@ def profile_state(name, path, repeat):
     from ipcjax.linear_solvers import linear_solver
     from ipcjax.model import State
     from ipcjax.newton import active_size, newton_solve, query_contacts
-    from ipcjax.potential import contact_gaps, gradient_and_blocks, incremental_potential, stencil_geometry
+    from ipcjax.potential import TERMS, contact_gaps, gradient_and_blocks, stencil_geometry
+    from ipcjax.used_rows import line_search_potential
     from ipcjax.problem import StepInputs
     from ipcjax.step import (advance, check_geometry, make_state, recheck_rounded, step, step_problem,
                              validate_state)
@@ -199,11 +203,10 @@ def profile_state(name, path, repeat):
     j_full = jax.jit(lambda dxf, x: jnp.zeros_like(x).at[fp].set(dxf.reshape(F, 3)))
     j_query = jax.jit(lambda x, dx, model: query_contacts(x, x + dx, model, config, cap, skin=config.skin))
     j_reach = jax.jit(lambda dx, cs, lb: reach_contacts(dx, cs, lb, dhat, active))
-    j_bound = jax.jit(lambda x, dx, cs, problem: step_bound(x, dx, cs, problem,
-                                                              geometry=stencil_geometry(x, cs, radius, min_gap)))
+    j_bound = jax.jit(lambda x, dx, cs, problem: step_bound(x, dx, cs, problem))
     j_armijo = jax.jit(lambda x, dx, cs, problem, slope, a0: armijo(
-        lambda z: incremental_potential(z, problem, cs), x, dx, config,
-        phi0=incremental_potential(x, problem, cs), slope=slope, alpha0=a0))
+        lambda z: line_search_potential(z, problem, cs), x, dx, config,
+        phi0=line_search_potential(x, problem, cs), slope=slope, alpha0=a0))
 
     phases = {k: 0.0 for k in ("reference", "weights", "assembly", "direction", "upper_csc",
                                "ordering_symbolic", "numeric_factorization", "triangular_solve",
@@ -211,6 +214,8 @@ def profile_state(name, path, repeat):
     x, cs, box = x0, cs0, (x0, x0)
     ref_x, ref_gap, ref_here = x0, j_gaps(x0, cs0), True
     requeries, retakes, overflows, trials, nnz, coo, reach, near = 0, 0, 0, 0, [], [], [], []
+    groups = [t.name for t in TERMS if t.name != "inertia"]  # HessianBlocks' groups, in order
+    contact_groups, read = [groups.index("barrier"), groups.index("friction")], []
     patterns = set()  # the Hessian patterns met so far in this step
     for it in range(n_it):
         # the reference's lower bound, the rows it lets near d̂, retaken when too many
@@ -232,6 +237,7 @@ def profile_state(name, path, repeat):
                                           [np.asarray(b) for b in hb.blocks], -np.asarray(g), repeat)
         assert np.allclose(u, np.asarray(dxf), rtol=0, atol=1e-12 * np.max(np.abs(u))), "host split ≠ the custom call"
         nnz.append(nz)
+        read.append(sum(int(jnp.sum(jnp.any(hb.rows[k] < hb.diag.shape[0], axis=1))) for k in contact_groups))
         coo.append(nc)
         pattern = hp.pop("pattern")
         if pattern in patterns:  # the library kept this pattern's analysis
@@ -284,7 +290,9 @@ def profile_state(name, path, repeat):
                          near_rows=near, reach_rows=reach, reference_retakes=retakes,
                          reach_overflows=overflows,
                          hessian_nnz_upper=[min(nnz), max(nnz)], coo_entries=[min(coo), max(coo)],
-                         padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks])
+                         padded_active_blocks_sent=[int(b.shape[0]) for b in hb.blocks],
+                         contact_blocks_sent=sum(int(hb.blocks[k].shape[0]) for k in contact_groups),
+                         contact_blocks_read=[min(read), max(read)])
 
     # ---------------------------------------------------------------- the host driver
     t_choreo, _ = _timed(lambda: (choreo.observe(t0, np.asarray(st.x)), choreo.controls_at(k0, t0)), repeat)
@@ -356,6 +364,9 @@ def table(r):
                 lines.append(f"| &nbsp;&nbsp;for reference, the host callback's path: {h.replace('_', ' ')} | "
                              f"{ms(it[h])} | |")
     lines.append(f"| **iteration, sum of phases** | {ms(it['sum_of_phases'])} | 100% |")
+    rp = r["replay"]
+    lines.append(f"| the direction's barrier and friction blocks: read / sent | "
+                 f"{rp['contact_blocks_read'][0]}–{rp['contact_blocks_read'][1]} / {rp['contact_blocks_sent']} | |")
     for k in ("choreography", "advance_over_step", "frame_copy", "checkpoint_per_step_at_every_120"):
         lines.append(f"| driver per step: {k.replace('_', ' ')} | {ms(dr[k])} | {dr[k] / total:5.1%} of the step |")
     lines.append(f"| driver, once: validate the first step | {ms(dr['validate_first_step'])} | |")

@@ -79,7 +79,8 @@ class HessianBlocks(NamedTuple):
     ``rows[e]``. Groups, in assembly order (:data:`TERMS`): membrane (k = 3), bending (4), barrier (4),
     friction (4), supports (1), ties (2); the inertia m/dt² is the diagonal. Rows of fixed
     particles are ≥ 3F (slot F): their entries fall outside every (3F,) array and are
-    dropped on scatter and read as zero on gather, which eliminates the fixed DOFs.
+    dropped on scatter and read as zero on gather, which eliminates the fixed DOFs. A
+    contact element that adds nothing (:class:`Elements`' ``used``) has rows ≥ 3F only.
     """
 
     diag: jnp.ndarray    # (3F,) N/m
@@ -108,12 +109,16 @@ class Elements(NamedTuple):
     """One term's elements at x: each element's particles, its gradient and Hessian block.
 
     ``n_active`` is the number of contact rows the term needed (None: not a contact term,
-    see :class:`HessianBlocks`)."""
+    see :class:`HessianBlocks`). ``used`` (E,) bool, for the contact terms: the elements that
+    can add anything; the others' gradients and blocks are exactly zero (a padded or unloaded
+    row, a stencil beyond d̂), and :func:`gradient_and_blocks` gives them the rows of a fixed
+    particle (≥ 3F), so that every consumer of the blocks drops them without reading them."""
 
     idx: jnp.ndarray        # (E, k) int32 particle indices
     grad: jnp.ndarray       # (E, k, 3) N
     hessian: jnp.ndarray    # (E, 3k, 3k) N/m
     n_active: jnp.ndarray | None = None
+    used: jnp.ndarray | None = None
 
 
 class Diagonal(NamedTuple):
@@ -251,7 +256,9 @@ class Barrier(EnergyTerm):
                 X, w, off, config.dhat, kk)
         g_el = jnp.where(valid[:, None, None], g_el, 0.0)
         H_el = jnp.where(valid[:, None, None], H_el, 0.0)
-        return Elements(idx, g_el, H_el, n_bar)
+        # beyond d̂ the barrier and all its derivatives are exactly zero
+        d, _ = jax.vmap(_dist.stencil_distance)(X, w)
+        return Elements(idx, g_el, H_el, n_bar, valid & (d - off < config.dhat))
 
 
 class Friction(EnergyTerm):
@@ -273,7 +280,8 @@ class Friction(EnergyTerm):
         X, X0 = x[fs.idx], ctx.x0[fs.idx]
         g_el = jax.vmap(lambda *a: _fric.friction_gradient(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
         H_el = jax.vmap(lambda *a: _fric.friction_hessian(*a, eps=eps))(X, X0, fs.w0, fs.n0, fs.load)
-        return Elements(fs.idx, g_el, H_el, fs.count)
+        # a row without a load (padding, or no friction) adds exactly zero
+        return Elements(fs.idx, g_el, H_el, fs.count, fs.load != 0)
 
 
 class Support(EnergyTerm):
@@ -364,6 +372,8 @@ def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
             g, diag = g + el.grad, el.diag
             continue
         r = _dof_rows(el.idx, problem.model.free_slot)
+        if el.used is not None:  # elements that add nothing get fixed-DOF rows (Elements)
+            r = jnp.where(el.used[:, None], r, 3 * F)
         rows.append(r)
         blocks.append(el.hessian)
         g = g.at[r.reshape(-1)].add(el.grad.reshape(-1), mode="drop")

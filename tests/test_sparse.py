@@ -800,6 +800,42 @@ def test_the_cholmod_custom_call_names_its_failures(contact_system):
         call(hb.diag, rhs, rows, jnp.zeros(rows.shape + (rows.shape[1] + 1,)))
 
 
+def test_contact_elements_that_add_nothing_are_dropped_unread(contact_system):
+    """The assembly gives every barrier and friction element that adds nothing (a padded or
+    unloaded row, a stencil beyond d̂) the rows of a fixed particle, and only those: they
+    are exactly the elements whose block is all zeros. The custom call drops them without
+    reading their blocks, as the host solve drops their entries: a NaN there changes
+    nothing, bit for bit, where a NaN in a block it reads is NON_FINITE_INPUT."""
+    from ipcjax import cholmod_ffi
+    from ipcjax.potential import TERMS
+
+    g, hb = contact_system(False)
+    F3 = hb.diag.shape[0]
+    names = [t.name for t in TERMS if t.name != "inertia"]  # the groups of blocks, in order
+    for name in ("barrier", "friction"):
+        k = names.index(name)
+        rows, B = np.asarray(hb.rows[k]), np.asarray(hb.blocks[k])
+        dropped, zero = np.all(rows >= F3, axis=1), np.all(B == 0, axis=(1, 2))
+        assert dropped.any() and (~dropped).any(), name
+        assert np.array_equal(dropped, zero), name
+    solve = jax.jit(cholmod_ffi.solve)
+    rhs = jnp.asarray(np.random.default_rng(13).normal(size=F3))
+    u, status = solve(hb, rhs)
+    assert int(status) == LinearStatus.SUCCESSFUL
+    k = names.index("barrier")
+    e = int(np.flatnonzero(np.all(np.asarray(hb.rows[k]) >= F3, axis=1))[0])
+    nan_dropped = hb._replace(blocks=tuple(b.at[e].set(jnp.nan) if i == k else b for i, b in enumerate(hb.blocks)))
+    v, s = solve(nan_dropped, rhs)
+    assert int(s) == LinearStatus.SUCCESSFUL and np.array_equal(np.asarray(v), np.asarray(u))
+    u_host, s_host = ldl.host_solve(np.asarray(hb.diag), [np.asarray(r) for r in nan_dropped.rows],
+                                    [np.asarray(b) for b in nan_dropped.blocks], np.asarray(rhs), True)
+    assert s_host == LinearStatus.SUCCESSFUL and rel_err(u_host, u) < 1e-12
+    used = int(np.flatnonzero(~np.all(np.asarray(hb.rows[k]) >= F3, axis=1))[0])
+    nan_read = hb._replace(blocks=tuple(b.at[used, 0, 0].set(jnp.nan) if i == k else b
+                                        for i, b in enumerate(hb.blocks)))
+    assert int(solve(nan_read, rhs)[1]) == LinearStatus.NON_FINITE_INPUT
+
+
 def test_without_the_custom_call_the_sparse_solve_warns_and_takes_the_host_callback(contact_system, monkeypatch,
                                                                                      tmp_path):
     """A machine where the custom call cannot be built (here: pretended) gets the host

@@ -13,8 +13,9 @@
  * Arguments: d (n) f64, b (n) f64, then per group its rows (E, k) s32 and blocks
  * (E, k, k) f64. Results: u (n) f64, status () s32 (ipcjax.result.LinearStatus).
  *
- * 1. An element whose block is all zeros (a padded contact row) adds nothing and is left
- *    out; every entry of the other elements is kept, zero or not. The pattern is the list
+ * 1. An element whose rows are all >= n (fixed DOFs; the assembly gives a contact row that
+ *    adds nothing such rows) is left out unread, and so is an element whose block is all
+ *    zeros; every entry of the other elements is kept, zero or not. The pattern is the list
  *    of the kept elements' rows; a pattern seen before reuses its CSC structure, its
  *    scatter map (one pass of += into the CSC values) and its CHOLMOD analysis.
  * 2. CHOLMOD factorizes P H P^T = L L^T (supernodal). Where it finds a pivot <= 0, this
@@ -22,7 +23,7 @@
  *    does in ldl.py: a zero or non-finite pivot is SINGULAR, a negative one
  *    NOT_POSITIVE_DEFINITE; should every pivot be positive there after all (a matrix at
  *    the edge of definiteness), its solution is the answer.
- * 3. A NaN or an infinity anywhere in d, the blocks or b is NON_FINITE_INPUT, a
+ * 3. A NaN or an infinity in d, b or a block that is read (point 1) is NON_FINITE_INPUT, a
  *    non-finite solution SINGULAR. A failure writes NaN into u and its status. Arguments
  *    of the wrong type or shape, and a CHOLMOD error (out of memory), are FFI errors,
  *    which JAX raises.
@@ -132,24 +133,38 @@ static void free_pattern(Pattern *p) {
   free(p->signature), free(p->colptr), free(p->rowidx), free(p->diag_at), free(p->scatter), free(p);
 }
 
-/* One pass over every block: which elements are used (a block not all zeros), and
- * whether every entry is finite (the return value). */
-static int mark_used(Group *groups, int n_groups) {
-  int finite = 1;
+/* One pass over the elements: which are used, and whether every entry read is finite (the
+ * return value). An element whose rows are all >= n (fixed DOFs, or a contact row the
+ * assembly marks as adding nothing: ipcjax.potential.Elements) adds no entry, so its block
+ * is not read; any other element is used when its block is not all zeros. The entries are
+ * tested as bit patterns (a nonzero one has a bit set below the sign, a non-finite one has
+ * every exponent bit set), which the compiler vectorizes. */
+__attribute__((optimize("O3"))) static int mark_used(Group *groups, int n_groups, int32_t n) {
+  const uint64_t exponent = 0x7ff0000000000000ULL;
+  uint64_t bad = 0;
   for (int gi = 0; gi < n_groups; ++gi) {
     Group *g = &groups[gi];
-    const int64_t kk = g->k * g->k;
+    const int64_t k = g->k, kk = k * k;
     for (int64_t e = 0; e < g->E; ++e) {
-      const double *B = g->blocks + e * kk;
-      int any = 0;
-      for (int64_t t = 0; t < kk; ++t) {
-        any |= B[t] != 0.0;
-        finite &= isfinite(B[t]) != 0;
+      const int32_t *r = g->rows + e * k;
+      int inside = 0;
+      for (int64_t a = 0; a < k; ++a) inside |= r[a] < n;
+      if (!inside) {
+        g->used[e] = 0;
+        continue;
       }
-      g->used[e] = (uint8_t)any;
+      const double *B = g->blocks + e * kk;
+      uint64_t any = 0;
+      for (int64_t t = 0; t < kk; ++t) {
+        uint64_t v;
+        memcpy(&v, B + t, sizeof v);
+        any |= v << 1;
+        bad |= (uint64_t)((v & exponent) == exponent);
+      }
+      g->used[e] = any != 0;
     }
   }
-  return finite;
+  return bad == 0;
 }
 
 /* The kept upper-triangle entries in the one visiting order (groups, kept elements, a, b),
@@ -462,7 +477,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
   int s = kSuccessful;
   for (int32_t j = 0; j < n && s == kSuccessful; ++j)
     if (!isfinite(d[j]) || !isfinite(b[j])) s = kNonFiniteInput;
-  if (!mark_used(groups, n_groups)) s = kNonFiniteInput;
+  if (!mark_used(groups, n_groups, n)) s = kNonFiniteInput;
   const char *error = NULL;
   if (s == kSuccessful) {
     pthread_mutex_lock(&cache_mutex);
