@@ -805,7 +805,9 @@ def test_contact_elements_that_add_nothing_are_dropped_unread(contact_system):
     unloaded row, a stencil beyond d̂) the rows of a fixed particle, and only those: they
     are exactly the elements whose block is all zeros. The custom call drops them without
     reading their blocks, as the host solve drops their entries: a NaN there changes
-    nothing, bit for bit, where a NaN in a block it reads is NON_FINITE_INPUT."""
+    nothing, bit for bit, where a NaN in a block it reads is NON_FINITE_INPUT; and the
+    used elements moved to other slots in the same order give the same answer bit for bit
+    through the kept pattern (its scatter map holds each entry's place in its block)."""
     from ipcjax import cholmod_ffi
     from ipcjax.potential import TERMS
 
@@ -827,6 +829,11 @@ def test_contact_elements_that_add_nothing_are_dropped_unread(contact_system):
     nan_dropped = hb._replace(blocks=tuple(b.at[e].set(jnp.nan) if i == k else b for i, b in enumerate(hb.blocks)))
     v, s = solve(nan_dropped, rhs)
     assert int(s) == LinearStatus.SUCCESSFUL and np.array_equal(np.asarray(v), np.asarray(u))
+    # the used elements moved to other slots, in the same order: the kept pattern serves them
+    order = jnp.asarray([e] + [i for i in range(hb.rows[k].shape[0]) if i != e])
+    moved = hb._replace(rows=tuple(r[order] if i == k else r for i, r in enumerate(hb.rows)),
+                        blocks=tuple(b[order] if i == k else b for i, b in enumerate(hb.blocks)))
+    assert np.array_equal(np.asarray(solve(moved, rhs)[0]), np.asarray(u))
     u_host, s_host = ldl.host_solve(np.asarray(hb.diag), [np.asarray(r) for r in nan_dropped.rows],
                                     [np.asarray(b) for b in nan_dropped.blocks], np.asarray(rhs), True)
     assert s_host == LinearStatus.SUCCESSFUL and rel_err(u_host, u) < 1e-12

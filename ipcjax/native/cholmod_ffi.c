@@ -17,7 +17,8 @@
  *    adds nothing such rows) is left out unread, and so is an element whose block is all
  *    zeros; every entry of the other elements is kept, zero or not. The pattern is the list
  *    of the kept elements' rows; a pattern seen before reuses its CSC structure, its
- *    scatter map (one pass of += into the CSC values) and its CHOLMOD analysis.
+ *    scatter map (each kept entry's place in its block and in the CSC values: one pass of
+ *    += with no tests) and its CHOLMOD analysis.
  * 2. CHOLMOD factorizes P H P^T = L L^T (supernodal). Where it finds a pivot <= 0, this
  *    file's own LDL^T without pivoting (CHOLMOD's ordering P) names the failure as QDLDL
  *    does in ldl.py: a zero or non-finite pivot is SINGULAR, a negative one
@@ -120,6 +121,8 @@ typedef struct {
   int32_t *signature; /* n, then per group k, the kept count and the kept rows */
   size_t signature_len;
   int32_t *colptr, *rowidx, *diag_at, *scatter; /* scatter: each kept entry's position, in visiting order */
+  uint16_t *offset; /* each kept entry's place in its element's block (a k + b), in visiting order */
+  int32_t *kept;    /* per used element, in visiting order: its kept entries */
   int64_t nnz;
   void *L; /* CHOLMOD's factor: analysis kept, numbers overwritten */
 } Pattern;
@@ -130,7 +133,8 @@ static int n_patterns;
 
 static void free_pattern(Pattern *p) {
   if (p->L) cholmod_free_factor(&p->L, common);
-  free(p->signature), free(p->colptr), free(p->rowidx), free(p->diag_at), free(p->scatter), free(p);
+  free(p->signature), free(p->colptr), free(p->rowidx), free(p->diag_at), free(p->scatter), free(p->offset);
+  free(p->kept), free(p);
 }
 
 /* One pass over the elements: which are used, and whether every entry read is finite (the
@@ -258,13 +262,30 @@ static Pattern *build_pattern(const Group *groups, int n_groups, int32_t n, int3
   pat->signature = sig, pat->signature_len = sig_len;
   pat->diag_at = malloc(n * sizeof(int32_t));
   pat->scatter = malloc((m - n + 1) * sizeof(int32_t));
-  if (pat->diag_at && pat->scatter) {
+  pat->offset = malloc((m - n + 1) * sizeof(uint16_t));
+  int64_t n_used = 0;
+  for (int gi = 0; gi < n_groups; ++gi)
+    for (int64_t e = 0; e < groups[gi].E; ++e) n_used += groups[gi].used[e];
+  pat->kept = calloc(n_used + 1, sizeof(int32_t));
+  if (pat->diag_at && pat->scatter && pat->offset && pat->kept) {
     memcpy(pat->diag_at, at, n * sizeof(int32_t));
     memcpy(pat->scatter, at + n, (m - n) * sizeof(int32_t));
+    int64_t q = 0, element = 0; /* FOR_EACH_ENTRY's visiting order, element by element */
+    for (int gi = 0; gi < n_groups; ++gi) {
+      const Group *g = &groups[gi];
+      for (int64_t e = 0; e < g->E; ++e) {
+        if (!g->used[e]) continue;
+        const int32_t *r = g->rows + e * g->k;
+        for (int64_t a = 0; a < g->k; ++a)
+          for (int64_t c = 0; c < g->k; ++c)
+            if (r[a] <= r[c] && r[c] < n) pat->offset[q++] = (uint16_t)(a * g->k + c), ++pat->kept[element];
+        ++element;
+      }
+    }
   }
   free(row), free(col), free(start), free(by_row), free(by_id), free(fill), free(seen), free(slot), free(at);
   free(distinct);
-  if (!pat->diag_at || !pat->scatter) {
+  if (!pat->diag_at || !pat->scatter || !pat->offset || !pat->kept) {
     pat->signature = NULL;
     free_pattern(pat);
     return NULL;
@@ -462,10 +483,11 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
     const XLA_FFI_Buffer *r = buffer(frame->args.args, frame->args.types, 2 + 2 * gi, 0);
     const XLA_FFI_Buffer *B = buffer(frame->args.args, frame->args.types, 3 + 2 * gi, 0);
     if (!r || !B || r->dtype != XLA_FFI_DataType_S32 || B->dtype != XLA_FFI_DataType_F64 || r->rank != 2 ||
-        B->rank != 3 || B->dims[0] != r->dims[0] || B->dims[1] != r->dims[1] || B->dims[2] != r->dims[1]) {
+        B->rank != 3 || B->dims[0] != r->dims[0] || B->dims[1] != r->dims[1] || B->dims[2] != r->dims[1] ||
+        r->dims[1] > 255) {
       free(groups), free(used);
       return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                       "ipcjax_cholmod_solve: a group's rows must be (E, k) s32 and its blocks (E, k, k) f64");
+                       "ipcjax_cholmod_solve: a group's rows must be (E, k) s32 and its blocks (E, k, k) f64, k <= 255");
     }
     groups[gi] = (Group){r->data, B->data, r->dims[0], r->dims[1], used + n_elements};
     n_elements += r->dims[0];
@@ -503,8 +525,17 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
     if (!x) {
       error = "ipcjax_cholmod_solve: out of memory";
     } else {
-      int64_t t = 0;
-      FOR_EACH_ENTRY(groups, n_groups, n, x[pat->scatter[t++]] += entry_value);
+      /* the kept entries in the visiting order of FOR_EACH_ENTRY, without its tests */
+      int64_t t = 0, element = 0;
+      for (int gi = 0; gi < n_groups; ++gi) {
+        const Group *g = &groups[gi];
+        const int64_t kk = g->k * g->k;
+        for (int64_t e = 0; e < g->E; ++e) {
+          if (!g->used[e]) continue;
+          const double *B = g->blocks + e * kk;
+          for (const int64_t end = t + pat->kept[element++]; t < end; ++t) x[pat->scatter[t]] += B[pat->offset[t]];
+        }
+      }
       for (int32_t j = 0; j < n; ++j) x[pat->diag_at[j]] += d[j];
       s = solve_assembled(n, pat, x, b, u, &error);
       free(x);
