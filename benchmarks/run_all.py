@@ -43,7 +43,7 @@ NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py", "alternate.py",
                   "bag_state.py", "device_check.py", "ensemble_bag.py", "ensemble_step.py", "kernel_census.py",
                   "kind_slots.py", "line_search.py", "newton_tangent.py", "perturb_size.py", "protocol_phases.py",
                   "query_cost.py", "sparse_solvers.py", "suite_order.py", "taylor_base_points.py", "trace_step.py",
-                  "trajectory_write.py", "used_rows.py",
+                  "trajectory_write.py", "used_rows.py", "cholmod_phases.py",
                   "whole_history.py"}
 
 
