@@ -256,9 +256,9 @@ class Barrier(EnergyTerm):
                 X, w, off, config.dhat, kk)
         g_el = jnp.where(valid[:, None, None], g_el, 0.0)
         H_el = jnp.where(valid[:, None, None], H_el, 0.0)
-        # beyond d̂ the barrier and all its derivatives are exactly zero
-        d, _ = jax.vmap(_dist.stencil_distance)(X, w)
-        return Elements(idx, g_el, H_el, n_bar, valid & (d - off < config.dhat))
+        # padding and stencils beyond d̂ add exactly zero: used where anything is not zero
+        used = jnp.any(g_el != 0, axis=(1, 2)) | jnp.any(H_el != 0, axis=(1, 2))
+        return Elements(idx, g_el, H_el, n_bar, used)
 
 
 class Friction(EnergyTerm):

@@ -172,23 +172,29 @@ __attribute__((optimize("O3"))) static int mark_used(Group *groups, int n_groups
 }
 
 /* The kept upper-triangle entries in the one visiting order (groups, kept elements, a, b),
- * each as entry_row <= entry_col < n and entry_value. */
+ * each as entry_row <= entry_col < n, entry_value, its place in its element's block
+ * (entry_offset = a k + b) and its element's ordinal among the used ones (entry_element). */
 #define FOR_EACH_ENTRY(groups, n_groups, n, BODY)                          \
-  for (int gi = 0; gi < (n_groups); ++gi) {                                \
-    const Group *g_ = &(groups)[gi];                                       \
-    const int64_t k_ = g_->k, kk_ = k_ * k_;                               \
-    for (int64_t e_ = 0; e_ < g_->E; ++e_) {                               \
-      const double *B_ = g_->blocks + e_ * kk_;                            \
-      if (!g_->used[e_]) continue;                                         \
-      const int32_t *r_ = g_->rows + e_ * k_;                              \
-      for (int64_t a_ = 0; a_ < k_; ++a_)                                  \
-        for (int64_t b_ = 0; b_ < k_; ++b_)                                \
-          if (r_[a_] <= r_[b_] && r_[b_] < (n)) {                          \
-            const int32_t entry_row = r_[a_], entry_col = r_[b_];          \
-            const double entry_value = B_[a_ * k_ + b_];                   \
-            (void)entry_row, (void)entry_col, (void)entry_value;           \
-            BODY;                                                          \
-          }                                                                \
+  {                                                                        \
+    int64_t used_ = -1;                                                    \
+    for (int gi = 0; gi < (n_groups); ++gi) {                              \
+      const Group *g_ = &(groups)[gi];                                     \
+      const int64_t k_ = g_->k, kk_ = k_ * k_;                             \
+      for (int64_t e_ = 0; e_ < g_->E; ++e_) {                             \
+        const double *B_ = g_->blocks + e_ * kk_;                          \
+        if (!g_->used[e_]) continue;                                       \
+        ++used_;                                                           \
+        const int32_t *r_ = g_->rows + e_ * k_;                            \
+        for (int64_t a_ = 0; a_ < k_; ++a_)                                \
+          for (int64_t b_ = 0; b_ < k_; ++b_)                              \
+            if (r_[a_] <= r_[b_] && r_[b_] < (n)) {                        \
+              const int32_t entry_row = r_[a_], entry_col = r_[b_];        \
+              const double entry_value = B_[a_ * k_ + b_];                 \
+              const int64_t entry_offset = a_ * k_ + b_, entry_element = used_; \
+              (void)entry_row, (void)entry_col, (void)entry_value, (void)entry_offset, (void)entry_element; \
+              BODY;                                                        \
+            }                                                              \
+      }                                                                    \
     }                                                                      \
   }
 
@@ -270,18 +276,8 @@ static Pattern *build_pattern(const Group *groups, int n_groups, int32_t n, int3
   if (pat->diag_at && pat->scatter && pat->offset && pat->kept) {
     memcpy(pat->diag_at, at, n * sizeof(int32_t));
     memcpy(pat->scatter, at + n, (m - n) * sizeof(int32_t));
-    int64_t q = 0, element = 0; /* FOR_EACH_ENTRY's visiting order, element by element */
-    for (int gi = 0; gi < n_groups; ++gi) {
-      const Group *g = &groups[gi];
-      for (int64_t e = 0; e < g->E; ++e) {
-        if (!g->used[e]) continue;
-        const int32_t *r = g->rows + e * g->k;
-        for (int64_t a = 0; a < g->k; ++a)
-          for (int64_t c = 0; c < g->k; ++c)
-            if (r[a] <= r[c] && r[c] < n) pat->offset[q++] = (uint16_t)(a * g->k + c), ++pat->kept[element];
-        ++element;
-      }
-    }
+    int64_t q = 0;
+    FOR_EACH_ENTRY(groups, n_groups, n, (pat->offset[q++] = (uint16_t)entry_offset, ++pat->kept[entry_element]));
   }
   free(row), free(col), free(start), free(by_row), free(by_id), free(fill), free(seen), free(slot), free(at);
   free(distinct);
@@ -525,7 +521,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
     if (!x) {
       error = "ipcjax_cholmod_solve: out of memory";
     } else {
-      /* the kept entries in the visiting order of FOR_EACH_ENTRY, without its tests */
+      /* FOR_EACH_ENTRY's entries in its order, from the pattern's offsets: no tests */
       int64_t t = 0, element = 0;
       for (int gi = 0; gi < n_groups; ++gi) {
         const Group *g = &groups[gi];
