@@ -10,7 +10,10 @@ call, ``ipcjax_cholmod_solve`` (``ipcjax/native/cholmod_ffi.c``): the assembly i
 kept CSC pattern, CHOLMOD's supernodal Cholesky with its analysis kept per pattern, the
 naming of a failure by an LDLᵀ, all in C on the buffers XLA already holds. Its answers
 are :func:`ipcjax.ldl.host_solve`'s (``require_pd=True``) to round-off, with the same
-:class:`~ipcjax.result.LinearStatus` (tests/test_sparse.py).
+:class:`~ipcjax.result.LinearStatus` (tests/test_sparse.py). With ``name_failure=False``
+it is ``ipcjax_cholmod_try``, the same without that LDLᵀ: any pivot ≤ 0 is
+NOT_POSITIVE_DEFINITE, at the cost of the failed factorization alone (the exact tangent
+the Newton direction tries first, :mod:`ipcjax.newton`).
 
 The handler is plain C against XLA's FFI C API. It is compiled on first use, with the
 machine's C compiler (``$CC``, else ``gcc``), against JAX's FFI headers
@@ -38,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 TARGET = "ipcjax_cholmod_solve"
+TRY_TARGET = "ipcjax_cholmod_try"
 ENV_OFF = "IPCJAX_NATIVE"
 ENV_CACHE = "IPCJAX_NATIVE_CACHE"
 SOURCE = os.path.join(os.path.dirname(__file__), "native", "cholmod_ffi.c")
@@ -139,6 +143,7 @@ def _load():
             if why:
                 raise NativeBuildError(why)
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.IpcjaxCholmodSolve), platform="cpu")
+            jax.ffi.register_ffi_target(TRY_TARGET, jax.ffi.pycapsule(lib.IpcjaxCholmodTry), platform="cpu")
         except (NativeBuildError, OSError) as e:
             _state["why"] = str(e)
             return None
@@ -199,10 +204,12 @@ def solve_path(linear_solver: str) -> str | None:
     return "custom call" if available() else f"host callback: {why_not()}"
 
 
-def solve(hb, rhs):
+def solve(hb, rhs, *, name_failure: bool = True):
     """u = H⁻¹ rhs for positive definite H over the free DOFs, by the custom call; returns
     (u, status) as :func:`ipcjax.ldl.sparse_solve` with ``require_pd=True`` does (u NaN
-    unless the int32 :class:`~ipcjax.result.LinearStatus` is SUCCESSFUL). Traceable; under
+    unless the int32 :class:`~ipcjax.result.LinearStatus` is SUCCESSFUL). With
+    ``name_failure=False`` a failed factorization is NOT_POSITIVE_DEFINITE without the
+    LDLᵀ that tells a zero pivot (SINGULAR) from a negative one. Traceable; under
     ``vmap`` it runs once per batch member. Raises :class:`NativeBuildError` when the
     custom call is not :func:`available`."""
     if not available():
@@ -211,4 +218,4 @@ def solve(hb, rhs):
     for r, B in zip(hb.rows, hb.blocks):
         args += [r.astype(jnp.int32), B.astype(jnp.float64)]
     out = (jax.ShapeDtypeStruct(rhs.shape, jnp.float64), jax.ShapeDtypeStruct((), jnp.int32))
-    return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(*args)
+    return jax.ffi.ffi_call(TARGET if name_failure else TRY_TARGET, out, vmap_method="sequential")(*args)

@@ -4,8 +4,11 @@ Every solver is a :class:`LinearSolver`: the lineax-style trio the library needs
 
 * ``init(hb)``: the operator in the solver's form, from the element blocks
   (:class:`ipcjax.potential.HessianBlocks`): the scattered dense matrix, or the blocks;
-* ``direction(g, op) -> LinearSolution``: the Newton direction H Δx = −g; its ``value``
-  is 0 unless the status is SUCCESSFUL (H positive definite, or the iteration converged);
+* ``direction(g, op, name_failure=True) -> LinearSolution``: the Newton direction
+  H Δx = −g; its ``value`` is 0 unless the status is SUCCESSFUL (H positive definite, or
+  the iteration converged); ``name_failure=False`` lets the sparse solver call a failed
+  factorization NOT_POSITIVE_DEFINITE without the work of telling SINGULAR from it (the
+  exact tangent tried first, :mod:`ipcjax.newton`);
 * ``solve(op, rhs, projection) -> LinearSolution``: u = H⁻¹ rhs for the implicit VJP;
   its ``value`` is NaN unless the status is SUCCESSFUL.
 
@@ -97,8 +100,8 @@ class LinearSolver(abc.ABC):
         """The operator in this solver's form."""
 
     @abc.abstractmethod
-    def direction(self, g, op) -> LinearSolution:
-        """Δx with H Δx = −g, H positive definite; ``value`` 0 unless successful."""
+    def direction(self, g, op, name_failure: bool = True) -> LinearSolution:
+        """Δx with H Δx = −g, H positive definite; ``value`` 0 unless successful (module doc)."""
 
     @abc.abstractmethod
     def solve(self, op, rhs, projection: PSDProjection) -> LinearSolution:
@@ -128,7 +131,7 @@ class DenseCholesky(LinearSolver):
     def init(self, hb: HessianBlocks):
         return dense_hessian(hb)
 
-    def direction(self, g, H) -> LinearSolution:
+    def direction(self, g, H, name_failure: bool = True) -> LinearSolution:
         dx, ok = equilibrated_cholesky_direction(g, H)
         status = _status((~_finite(g, H), LinearStatus.NON_FINITE_INPUT), (~ok, LinearStatus.NOT_POSITIVE_DEFINITE))
         return LinearSolution(dx, status, _direct_info())
@@ -147,9 +150,10 @@ class DenseCholesky(LinearSolver):
 _fallback_warned = False
 
 
-def positive_definite_solve(hb: HessianBlocks, rhs):
+def positive_definite_solve(hb: HessianBlocks, rhs, name_failure: bool = True):
     """(u, status) of H u = rhs, H positive definite, by CHOLMOD: inside XLA as a custom
-    call (:mod:`ipcjax.cholmod_ffi`) where it is available, else through the host callback
+    call (:mod:`ipcjax.cholmod_ffi`; ``name_failure=False``: any failed factorization is
+    NOT_POSITIVE_DEFINITE, without the custom call's LDLᵀ) where it is available, else through the host callback
     (:func:`ipcjax.ldl.sparse_solve`), with one warning per process naming why unless the
     user switched it off (``IPCJAX_NATIVE=0``). The custom call is registered for the CPU:
     a program lowered for another platform (a GPU) takes the host callback there
@@ -158,7 +162,8 @@ def positive_definite_solve(hb: HessianBlocks, rhs):
     global _fallback_warned
     if cholmod_ffi.available():
         host = lambda hb, rhs: sparse_solve(hb, rhs, require_pd=True)
-        return jax.lax.platform_dependent(hb, rhs, cpu=cholmod_ffi.solve, default=host)
+        native = lambda hb, rhs: cholmod_ffi.solve(hb, rhs, name_failure=name_failure)
+        return jax.lax.platform_dependent(hb, rhs, cpu=native, default=host)
     if not _fallback_warned and not cholmod_ffi.switched_off_by_choice():
         _fallback_warned = True
         warnings.warn(f"ipcjax: the sparse solve goes through a host callback, slower and never in the "
@@ -176,8 +181,8 @@ class SparseLDL(LinearSolver):
     def init(self, hb: HessianBlocks):
         return hb
 
-    def direction(self, g, hb: HessianBlocks) -> LinearSolution:
-        dx, status = positive_definite_solve(hb, -g)
+    def direction(self, g, hb: HessianBlocks, name_failure: bool = True) -> LinearSolution:
+        dx, status = positive_definite_solve(hb, -g, name_failure)
         return LinearSolution.masked(dx, status, _direct_info(), 0.0)
 
     def solve(self, hb: HessianBlocks, rhs, projection: PSDProjection) -> LinearSolution:
@@ -258,7 +263,7 @@ class BlockJacobiCG(LinearSolver):
         status = jnp.where(_finite(hb.diag, *hb.blocks), status, jnp.int32(LinearStatus.NON_FINITE_INPUT))
         return z, status, info
 
-    def direction(self, g, hb: HessianBlocks) -> LinearSolution:
+    def direction(self, g, hb: HessianBlocks, name_failure: bool = True) -> LinearSolution:
         dx, status, info = self._pcg(hb, -g)
         return LinearSolution.masked(dx, status, info, 0.0)
 

@@ -240,6 +240,7 @@ class State(NamedTuple):
 
 
 LINEAR_SOLVERS = ("dense", "cg", "sparse")
+NEWTON_TANGENTS = ("projected", "exact_first")
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,13 @@ class Config:
     0–16; 0 is the specification's line search): after a full Newton step that lowered Φ
     by at least :data:`ipcjax.line_search.EXPAND_RATIO` of |∇Φ·Δx|, up to that many
     doublings of α while Φ keeps falling (:func:`ipcjax.line_search.expand`, docs/design.md).
+    ``newton_tangent`` (static) names the Hessian of the Newton direction: ``"projected"``
+    (the specification's: every element's PSD tangent) or ``"exact_first"`` (the membrane's
+    and the bending's exact element Hessians, the rest projected, factorized first; where that
+    factorization fails, the projected tangent: :mod:`ipcjax.newton`, docs/design.md).
+    ``max_direction`` (m, traced; ∞: none) caps the Newton direction: one that moves a
+    particle further is scaled down to that length before the candidates, the step bound
+    and the line search see it (the stopping rule reads the whole direction).
     """
 
     membrane: str = "neo_hookean"       # or "stvk": energies.membrane.MEMBRANE_MODELS
@@ -278,12 +286,16 @@ class Config:
     cg_max_iterations: int = 5000
     ccd_passes: int = 256               # conservative-advancement passes of the step bound (1: single bound)
     line_search_expansions: int = 0     # doublings of an accepted full step while Φ falls (0: none)
+    newton_tangent: str = "projected"   # or "exact_first": the Newton direction's Hessian (NEWTON_TANGENTS)
+    max_direction: float = float("inf")  # m: a Newton direction moving a particle further is scaled down to it
 
     def __post_init__(self):
         _memb.membrane_model(self.membrane)  # unknown names raise, listing the known ones
         _bend.bending_model(self.bending)
         if self.linear_solver not in LINEAR_SOLVERS:
             raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}; got {self.linear_solver!r}")
+        if self.newton_tangent not in NEWTON_TANGENTS:
+            raise ValueError(f"newton_tangent must be one of {NEWTON_TANGENTS}; got {self.newton_tangent!r}")
         if not (0 < self.cg_tolerance < 1 and self.cg_max_iterations >= 1):
             raise ValueError(f"need 0 < cg_tolerance < 1 and cg_max_iterations ≥ 1; got "
                              f"{self.cg_tolerance}, {self.cg_max_iterations}")
@@ -292,6 +304,8 @@ class Config:
                              f"min_gap={self.min_gap}, skin={self.skin}")
         if not (self.max_newton >= 1 and self.max_line_search >= 1 and self.max_subdivisions >= 0):
             raise ValueError("max_newton and max_line_search must be ≥ 1 and max_subdivisions ≥ 0")
+        if not self.max_direction > 0:  # NaN fails too
+            raise ValueError(f"max_direction must be > 0 (m; inf: no limit); got {self.max_direction}")
         if not self.ccd_passes >= 1:
             raise ValueError(f"ccd_passes must be ≥ 1; got {self.ccd_passes}")
         e = self.line_search_expansions
@@ -300,8 +314,8 @@ class Config:
 
 
 _CONFIG_NUMBERS = ("dhat", "min_gap", "skin", "max_newton", "max_line_search", "armijo",
-                   "max_subdivisions", "cg_tolerance", "cg_max_iterations", "ccd_passes")
-_CONFIG_STATIC = ("membrane", "bending", "linear_solver", "line_search_expansions")
+                   "max_subdivisions", "cg_tolerance", "cg_max_iterations", "ccd_passes", "max_direction")
+_CONFIG_STATIC = ("membrane", "bending", "linear_solver", "line_search_expansions", "newton_tangent")
 
 
 def _config_flatten(c: Config):

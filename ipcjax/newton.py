@@ -6,14 +6,20 @@ initial overlap) and freezes the lagged friction set from the same closest point
 each iteration
 
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks
-   (:func:`ipcjax.potential.gradient_and_blocks`),
+   (:func:`ipcjax.potential.gradient_and_blocks`); with ``config.newton_tangent =
+   "exact_first"`` the membrane's and the bending's blocks are their exact element
+   Hessians (:data:`~ipcjax.potential.EXACT_FIRST`), the rest projected,
 2. solves H Δx = −∇Φ with the linear solver object ``config.linear_solver`` names
    (:mod:`ipcjax.linear_solvers`: dense equilibrated Cholesky, sparse Cholesky, or
-   block-Jacobi CG); a solve whose :class:`~ipcjax.result.LinearStatus` is not
-   SUCCESSFUL (a failed factorization, CG short of its tolerance) stops the solve with
-   ``FACTORIZATION_FAILED``,
+   block-Jacobi CG); with ``"exact_first"``, where that solve fails (H not positive
+   definite), H with those blocks projected (:func:`~ipcjax.potential.projected_blocks`)
+   is solved instead, and ``SolveInfo.projected`` counts it; a solve whose
+   :class:`~ipcjax.result.LinearStatus` is not SUCCESSFUL (a failed factorization, CG
+   short of its tolerance) stops the solve with ``FACTORIZATION_FAILED``,
 3. stops after this iteration when max|Δx| < tolerance (m) — the last small step is
-   still taken when the line search accepts it,
+   still taken when the line search accepts it; a direction with max|Δx| above
+   ``config.max_direction`` (m; ∞ by default) is then scaled down to it, so that steps
+   4–6 see the shorter segment,
 4. makes sure the contact candidates cover the swept boxes x → x + Δx (complete for
    every trial point of the line search, since trial points lie on that segment): the
    set of the last query, made with an extra ``config.skin`` (1.5 mm) of search width, is
@@ -87,7 +93,7 @@ from ipcjax.line_search import (EXPAND_RATIO, armijo, box_limit, compact_contact
                                 slots_needed, step_bound)
 from ipcjax.linear_solvers import linear_solver
 from ipcjax.model import Config, Model
-from ipcjax.potential import gradient_and_blocks
+from ipcjax.potential import EXACT_FIRST, gradient_and_blocks, projected_blocks
 from ipcjax.used_rows import line_search_potential
 from ipcjax.problem import FrictionSet, StepProblem
 from ipcjax.result import StepCode, set_code
@@ -147,6 +153,8 @@ class SolveInfo(NamedTuple):
     expansions: jnp.ndarray      # () int32 iterations whose step went beyond α = 1 (Config.line_search_expansions)
     rounded_gap: jnp.ndarray     # () smallest gap (m) at x* rounded to FP32, over the last candidate set
     queries: jnp.ndarray         # () int32 candidate queries made: the step start's (0 on a carried set) and requeries
+    projected: jnp.ndarray       # () int32 directions whose exact tangent failed to factorize and that took the
+                                 # projected one (Config.newton_tangent="exact_first"; 0 otherwise)
 
 
 class CandidateCarry(NamedTuple):
@@ -202,6 +210,7 @@ class NewtonState(NamedTuple):
     recheck: jnp.ndarray         # () bool: the next QUERY pass is the last: the gaps at x rounded to FP32
     rounded_gap: jnp.ndarray     # () the smallest of those gaps, m
     queries: jnp.ndarray         # () int32 candidate queries made so far
+    projected: jnp.ndarray       # () int32 directions taken with the projected tangent after the exact one failed
 
 
 def newton_solve(x_init, problem: StepProblem, make_friction, *, capacity):
@@ -250,6 +259,8 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
     radius, min_gap, dhat = model.radius, config.min_gap, config.dhat
     active = active_size(capacity)
     solver = linear_solver(config)
+    exact_first = config.newton_tangent == "exact_first"
+    exact = EXACT_FIRST if exact_first else ()
 
     def query(a, b):
         return query_contacts(a, b, model, config, capacity, skin=config.skin)
@@ -284,14 +295,15 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         return gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts) < dhat
 
     def assemble(s: NewtonState, pb):
-        """∇Φ and the Hessian blocks at s.x, and the assembly's active-row count."""
+        """∇Φ and the Hessian blocks at s.x (the membrane's and the bending's exact ones with
+        ``exact_first``), and the assembly's active-row count."""
         x, cs = s.x, s.contacts
         if not compact:
-            g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap))
+            g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap), exact=exact)
             return g, hb, hb.n_active
         sub, n_near = compact_contacts(cs, near_rows(s), active)
         geom = stencil_geometry(x, sub, radius, min_gap)
-        g, hb = gradient_and_blocks(x, pb, sub, geometry=geom)
+        g, hb = gradient_and_blocks(x, pb, sub, geometry=geom, exact=exact)
         d, _ = jax.vmap(_dist.stencil_distance)(geom.X, geom.w)
         n_in = rows_needed(sub.valid & (d - geom.off < dhat), sub.blocks)
         # n_near > active only with the reference at x (see direction_phase), where it is
@@ -366,19 +378,31 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         x, ref_x, ref_gap = s.x, s.ref_x, s.ref_gap
         pb = problem_of(s)
         g, hb, n_active = assemble(s, pb)
-        direction = solver.direction(g, solver.init(hb))
+        direction = solver.direction(g, solver.init(hb), name_failure=not exact_first)
+        fell_back = jnp.bool_(False)
+        if exact_first:
+            # the exact membrane and bending blocks failed to factorize (not positive
+            # definite, or any other status): the projected tangent, whose status stands
+            fell_back = ~direction.ok
+            direction = lockstep.switch(fell_back.astype(jnp.int32), [
+                lambda d: d, lambda d: solver.direction(g, solver.init(projected_blocks(x, pb, hb, EXACT_FIRST)))],
+                direction)
         dxf, fact_ok = direction.value, direction.ok
         # more active contact rows than Capacity.active: the direction misses some; stop
         # with the overflow (the host grows the capacity and redoes the step)
         st = s.stats.with_active(n_active, active)
         over = st.overflow
-        dx = to_full(dxf)
         step_norm = jnp.max(jnp.abs(dxf), initial=0.0)
         converged = fact_ok & ~over & (step_norm < problem.controls.tolerance)
+        # a direction longer than config.max_direction is cut to it (after the stopping test)
+        cap = config.max_direction
+        dxf = dxf * jnp.where(step_norm > cap, cap / jnp.where(step_norm > cap, step_norm, 1.0), 1.0)
+        dx = to_full(dxf)
         slope = jnp.dot(g, dxf)
         lo, hi = jnp.minimum(x, x + dx), jnp.maximum(x, x + dx)
         inside = jnp.all(lo >= s.box[0] - half_skin) & jnp.all(hi <= s.box[1] + half_skin)
-        s2 = s._replace(stats=st, converged=converged, step_norm=step_norm, dx=dx, slope=slope)
+        s2 = s._replace(stats=st, converged=converged, step_norm=step_norm, dx=dx, slope=slope,
+                        projected=s.projected + fell_back.astype(jnp.int32))
 
         def stay(s2):
             # a failed direction or an overflow: the iteration ends here, x where it is
@@ -490,11 +514,11 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
                        gaps0=jnp.zeros(contacts_none.idx.shape[0], x_init.dtype),
                        started=jnp.bool_(False), ref_here=jnp.bool_(False), regap=jnp.int32(0),
                        recheck=jnp.bool_(False), rounded_gap=jnp.asarray(jnp.inf, x_init.dtype),
-                       queries=jnp.int32(0))
+                       queries=jnp.int32(0), projected=jnp.int32(0))
     s = jax.lax.while_loop(cond, body, init)
     code = set_code(s.code, StepCode.ITERATION_CAP, unless=s.converged | (s.code != 0))
     carry_out = CandidateCarry(s.contacts, s.box, s.stats._replace(overflow=jnp.bool_(False), n_active=jnp.int32(0)),
                                code == 0)
     return (s.x, s.contacts, SolveInfo(code, s.iteration, s.trials, s.min_bound, s.step_norm, s.stats, s.expansions,
-                                            s.rounded_gap, s.queries),
+                                            s.rounded_gap, s.queries, s.projected),
             s.contacts0, s.gaps0, carry_out)

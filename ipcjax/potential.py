@@ -147,6 +147,8 @@ class EnergyTerm:
     name: str = ""
     #: the inertia term: not part of V + D, the potential a rest state balances
     inertial: bool = False
+    #: its elements are a :class:`Diagonal`, not :class:`Elements` (no group of blocks)
+    diagonal: bool = False
 
     def value(self, x, problem: StepProblem, contacts: ContactSet):
         """The term's energy at x, J."""
@@ -163,7 +165,7 @@ class EnergyTerm:
 class Inertia(EnergyTerm):
     """Σ mᵢ‖xᵢ − yᵢ‖²/(2dt²) over the free particles; Hessian m/dt² on the diagonal."""
 
-    name, inertial = "inertia", True
+    name, inertial, diagonal = "inertia", True, True
 
     def value(self, x, problem, contacts):
         model, ctx = problem.model, problem.context
@@ -339,7 +341,7 @@ def incremental_potential(x, problem: StepProblem, contacts: ContactSet) -> jnp.
 def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
                         projection: PSDProjection = PSDProjection.PER_ELEMENT,
                         geometry: StencilGeometry | None = None, active: int | None = None,
-                        terms: tuple[EnergyTerm, ...] = TERMS):
+                        terms: tuple[EnergyTerm, ...] = TERMS, exact: tuple[str, ...] = ()):
     """∇Φ (3F,) over the free DOFs and the Hessian as :class:`HessianBlocks`, FP64.
 
     Element gradients are the hand-derived ones. With ``projection=PER_ELEMENT`` (the
@@ -361,13 +363,17 @@ def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
     The terms' elements come from ``terms`` (default :data:`TERMS`, all of Φ), one group of
     blocks per term, in its order; a subset of them assembles that part of Φ alone (its
     ``diag`` zero without the inertia, its ``n_active`` None without a contact term).
+    ``exact``: names of terms whose exact element Hessians are taken whatever ``projection``
+    says (the Newton direction's ``Config.newton_tangent="exact_first"``, :data:`EXACT_FIRST`).
     """
     how = Assembly(PSDProjection(projection) is PSDProjection.NONE, geometry, active)
     F = problem.model.n_free
     g = jnp.zeros(3 * F, x.dtype)
     diag, rows, blocks, n_active = jnp.zeros(3 * F, x.dtype), [], [], None
     for term in terms:
-        el = term.elements(x, problem, contacts, how)
+        el = term.elements(x, problem, contacts, how._replace(exact=True) if term.name in exact else how)
+        if isinstance(el, Diagonal) != term.diagonal:
+            raise TypeError(f"{term!r}: its elements are {type(el).__name__}, its `diagonal` says {term.diagonal}")
         if isinstance(el, Diagonal):
             g, diag = g + el.grad, el.diag
             continue
@@ -380,6 +386,27 @@ def gradient_and_blocks(x, problem: StepProblem, contacts: ContactSet, *,
         if el.n_active is not None:
             n_active = el.n_active if n_active is None else jnp.maximum(n_active, el.n_active)
     return g, HessianBlocks(diag, tuple(rows), tuple(blocks), n_active)
+
+
+#: the terms whose exact element Hessians ``Config.newton_tangent="exact_first"`` factorizes first
+EXACT_FIRST = ("membrane", "bending")
+
+
+def projected_blocks(x, problem: StepProblem, hb: HessianBlocks, names: tuple[str, ...],
+                     terms: tuple[EnergyTerm, ...] = TERMS) -> HessianBlocks:
+    """``hb`` (assembled over ``terms`` by :func:`gradient_and_blocks`) with the blocks of the
+    terms ``names`` replaced by their PSD-projected element Hessians at x; the other blocks,
+    the rows, the diagonal and ``n_active`` stay. For terms whose elements do not depend on
+    the contacts (the membrane and the bending, :data:`EXACT_FIRST`): the contact set is not
+    passed."""
+    if not set(names) <= {t.name for t in terms}:
+        raise ValueError(f"no terms named {sorted(set(names) - {t.name for t in terms})} in {terms}")
+    how = Assembly(False, None, None)
+    blocks = list(hb.blocks)
+    for i, term in enumerate(t for t in terms if not t.diagonal):
+        if term.name in names:
+            blocks[i] = term.elements(x, problem, None, how).hessian
+    return hb._replace(blocks=tuple(blocks))
 
 
 def dense_hessian(hb: HessianBlocks):

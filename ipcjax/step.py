@@ -56,6 +56,7 @@ class StepInfo(NamedTuple):
     n_active: jnp.ndarray         # the Capacity.active the step's contact rows needed (line_search.slots_needed)
     expansions: jnp.ndarray       # Newton iterations whose step went beyond α = 1 (Config.line_search_expansions)
     queries: jnp.ndarray          # candidate queries: the step start's (none on a carried set, see carried_step) and requeries
+    projected: jnp.ndarray        # directions that fell back to the projected tangent (Config.newton_tangent="exact_first")
 
 
 def step_problem(model: Model, config: Config, inputs: StepInputs, contacts0, *,
@@ -179,7 +180,7 @@ def _step(model: Model, params: Params, state: State, controls: Controls, dt, *,
     )
     info = StepInfo(code, sinfo.iterations, sinfo.line_search_trials, sinfo.min_step_bound, min_gap,
                     stats.n_vt, stats.n_ee, stats.n_sf, stats.overflow, stats.work, stats.n_active,
-                    sinfo.expansions, sinfo.queries)
+                    sinfo.expansions, sinfo.queries, sinfo.projected)
     return new_state, info, carry_out._replace(held=carry_out.held & ok)
 
 
@@ -211,6 +212,8 @@ class StepReport(NamedTuple):
     capacity: object
     expansions: int               # Newton iterations that took an expanded step, summed over substeps
     queries: int = 0              # candidate queries, summed as iterations is
+    projected: int = 0            # Newton directions whose exact tangent failed to factorize, summed as iterations is
+                                  # (Config.newton_tangent="exact_first": each cost a second factorization)
 
     def raise_if_failed(self):
         if not self.ok:
@@ -383,7 +386,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
     if capacity is None:
         capacity = _cand.initial_capacity(model.topology, state.x)
     acc = dict(substeps=0, max_depth=0, iterations=0, trials=0, amin=1.0, gmin=np.inf, realloc=0, expansions=0,
-               queries=0)
+               queries=0, projected=0)
     carry = None if candidates is None else candidates.for_step(model, config, capacity)
     if carry is None:
         carry = _empty_carry(model, config, capacity)
@@ -407,6 +410,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         acc["trials"] += int(info.line_search_trials)
         acc["expansions"] += int(info.expansions)
         acc["queries"] += int(info.queries)
+        acc["projected"] += int(info.projected)
         acc["amin"] = min(acc["amin"], float(info.min_step_bound))
         if code == 0:
             acc["substeps"] += 1
@@ -427,7 +431,7 @@ def advance(model: Model, params: Params, state: State, controls: Controls, dt: 
         max_depth=acc["max_depth"], iterations=acc["iterations"], line_search_trials=acc["trials"],
         min_step_bound=acc["amin"], min_gap=acc["gmin"], reallocations=acc["realloc"],
         wall_s=time.perf_counter() - t_start, capacity=capacity, expansions=acc["expansions"],
-        queries=acc["queries"])
+        queries=acc["queries"], projected=acc["projected"])
     if candidates is not None:
         candidates.keep(model, config, capacity, carry)
     return (out if code == 0 else state), report

@@ -417,6 +417,8 @@ def _summary(sc: BagScene, options: BagRunOptions, traj: runfolder.Trajectory, a
                                                  if n > 1 and first_step_s is not None else None),
         newton_iterations=int(sum(r.iterations for r in reports)),
         candidate_queries=int(sum(r.queries for r in reports)),
+        newton_tangent=sc.config.newton_tangent,
+        projected_directions=int(sum(r.projected for r in reports)),
         newton_iterations_by_phase=iterations_by_phase(run["phases"], [r.iterations for r in reports]),
         max_subdivision_depth=int(max((r.max_depth for r in reports), default=0)),
         min_gap_m=run["min_gap_m"], unfold_checked=run["unfold_checked"], failure=run["failure"],

@@ -91,6 +91,8 @@ def run_drape(options: DrapeRunOptions) -> tuple[dict, bool]:
         steps=len(reports), simulated_s=times[-1], wall_s=wall,
         newton_iterations=int(sum(r.iterations for r in reports)),
         candidate_queries=int(sum(r.queries for r in reports)),
+        newton_tangent=config.newton_tangent,
+        projected_directions=int(sum(r.projected for r in reports)),
         min_gap_m=float(min((r.min_gap for r in reports), default=np.inf)),
         frames=audit["frames"], frames_with_self_intersection=audit["frames_with_self_intersection"],
         min_film_sphere_gap_m=float(np.min(audit["min_film_sphere"])),

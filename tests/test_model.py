@@ -85,6 +85,12 @@ def test_config_rejects_bad_line_search_expansions():
     assert Config().line_search_expansions == 0  # off unless a scene asks for it
 
 
+def test_config_rejects_an_unknown_newton_tangent():
+    with pytest.raises(ValueError, match=r"newton_tangent must be one of \('projected', 'exact_first'\); got 'exact'"):
+        Config(newton_tangent="exact")
+    assert Config().newton_tangent == "projected"  # the specification's, unless a scene asks
+
+
 def test_names_resolve_to_one_object_each():
     """Config's strings name the model and solver objects; the Hessian projection has one
     name, PSDProjection, whose string values are the old ones, and unknown names raise."""

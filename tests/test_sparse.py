@@ -793,6 +793,17 @@ def test_the_cholmod_custom_call_names_its_failures(contact_system):
     fails(hb, rhs.at[2].set(jnp.nan), LinearStatus.NON_FINITE_INPUT)
     fails(hb._replace(blocks=(hb.blocks[0].at[0, 1, 1].set(jnp.inf),) + tuple(hb.blocks[1:])), rhs,
           LinearStatus.NON_FINITE_INPUT)
+    # name_failure=False (the exact tangent tried first): a failed factorization is
+    # NOT_POSITIVE_DEFINITE, the zero row's too, without the LDLᵀ; a success is the same
+    tried = jax.jit(partial(cholmod_ffi.solve, name_failure=False))
+    singular = hb._replace(diag=hb.diag.at[0].set(0.0), rows=tuple(jnp.where(r == 0, F3 + 5, r) for r in hb.rows))
+    for h, r, expected in ((singular, rhs, LinearStatus.NOT_POSITIVE_DEFINITE),
+                           (hb_exact, rhs, LinearStatus.NOT_POSITIVE_DEFINITE),
+                           (hb, rhs.at[2].set(jnp.nan), LinearStatus.NON_FINITE_INPUT)):
+        v, s = tried(h, r)
+        assert int(s) == expected and np.all(np.isnan(np.asarray(v))), LinearStatus.describe(int(s))
+    v, s = tried(hb, rhs)
+    assert int(s) == LinearStatus.SUCCESSFUL and np.array_equal(np.asarray(v), np.asarray(u))
     out = (jax.ShapeDtypeStruct((F3,), jnp.float64), jax.ShapeDtypeStruct((), jnp.int32))
     call = jax.ffi.ffi_call(cholmod_ffi.TARGET, out)
     rows = hb.rows[0].astype(jnp.int32)

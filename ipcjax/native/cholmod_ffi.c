@@ -5,7 +5,9 @@
  * Plain C against XLA's FFI C API (xla/ffi/api/c_api.h, in jax.ffi.include_dir()), so
  * that gcc alone builds it. ipcjax/cholmod_ffi.py compiles it on first use, linked to the
  * CHOLMOD library inside the cvxopt wheel, and registers IpcjaxCholmodSolve as the XLA
- * custom call "ipcjax_cholmod_solve" (docs/design.md, "The sparse direction inside XLA").
+ * custom call "ipcjax_cholmod_solve" (docs/design.md, "The sparse direction inside XLA")
+ * and IpcjaxCholmodTry, the same without naming a failed factorization (point 2), as
+ * "ipcjax_cholmod_try".
  * What it computes is ipcjax/ldl.py's host_solve(..., require_pd=True):
  *
  *   H = diag(d) + sum over groups g, elements e of P_e^T B_e P_e   (rows >= n: fixed DOFs)
@@ -23,7 +25,10 @@
  *    file's own LDL^T without pivoting (CHOLMOD's ordering P) names the failure as QDLDL
  *    does in ldl.py: a zero or non-finite pivot is SINGULAR, a negative one
  *    NOT_POSITIVE_DEFINITE; should every pivot be positive there after all (a matrix at
- *    the edge of definiteness), its solution is the answer.
+ *    the edge of definiteness), its solution is the answer. IpcjaxCholmodTry skips that
+ *    LDL^T: any pivot <= 0 is NOT_POSITIVE_DEFINITE (for a caller that only needs to
+ *    know whether H is positive definite: the exact tangent tried first, ipcjax/newton.py).
+ *    CHOLMOD prints nothing: every failure reaches the caller as a status or an error.
  * 3. A NaN or an infinity in d, b or a block that is read (point 1) is NON_FINITE_INPUT, a
  *    non-finite solution SINGULAR. A failure writes NaN into u and its status. Arguments
  *    of the wrong type or shape, and a CHOLMOD error (out of memory), are FFI errors,
@@ -99,7 +104,7 @@ static void start(void) {
     snprintf(why, sizeof why, "cholmod_common's layout is not the one this module's declarations assume");
     return;
   }
-  int supernodal = kSupernodal, print = 1; /* supernodal LL^T; print errors only, not warnings */
+  int supernodal = kSupernodal, print = 0; /* supernodal LL^T; failures are returned, not printed */
   memcpy(common + kOffSupernodal, &supernodal, sizeof supernodal);
   memcpy(common + kOffPrint, &print, sizeof print);
 }
@@ -397,7 +402,8 @@ static const XLA_FFI_Buffer *buffer(void **list, const void *types, int64_t i, i
 }
 
 /* The factorization and solve of one assembled matrix x (pattern pat): the status. */
-static int solve_assembled(int32_t n, Pattern *pat, double *x, const double *b, double *u, const char **error) {
+static int solve_assembled(int32_t n, Pattern *pat, double *x, const double *b, double *u, int name_failure,
+                           const char **error) {
   CholmodSparse A = {(size_t)n, (size_t)n, (size_t)pat->nnz, pat->colptr, pat->rowidx, NULL, x, NULL,
                      kUpper, kInt, kReal, kDouble, 1, 1};
   if (!pat->L && !(pat->L = cholmod_analyze(&A, common))) {
@@ -409,6 +415,7 @@ static int solve_assembled(int32_t n, Pattern *pat, double *x, const double *b, 
     return -1;
   }
   const CholmodFactorHead *head = pat->L;
+  if (head->minor < (size_t)n && !name_failure) return kNotPositiveDefinite;
   if (head->minor < (size_t)n) { /* a pivot <= 0: name it by LDL^T */
     int32_t *identity = NULL;
     const int32_t *perm = head->Perm;
@@ -434,7 +441,7 @@ static int solve_assembled(int32_t n, Pattern *pat, double *x, const double *b, 
   return kSuccessful;
 }
 
-XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
+static XLA_FFI_Error *cholmod_call(XLA_FFI_CallFrame *frame, int name_failure) {
   const XLA_FFI_Api *api = frame->api;
   if (frame->extension_start && frame->extension_start->type == XLA_FFI_Extension_Metadata) {
     XLA_FFI_Metadata *meta = ((XLA_FFI_Metadata_Extension *)frame->extension_start)->metadata;
@@ -533,7 +540,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
         }
       }
       for (int32_t j = 0; j < n; ++j) x[pat->diag_at[j]] += d[j];
-      s = solve_assembled(n, pat, x, b, u, &error);
+      s = solve_assembled(n, pat, x, b, u, name_failure, &error);
       free(x);
     }
     pthread_mutex_unlock(&cache_mutex);
@@ -547,3 +554,7 @@ XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) {
   *status = s;
   return NULL;
 }
+
+XLA_FFI_Error *IpcjaxCholmodSolve(XLA_FFI_CallFrame *frame) { return cholmod_call(frame, 1); }
+
+XLA_FFI_Error *IpcjaxCholmodTry(XLA_FFI_CallFrame *frame) { return cholmod_call(frame, 0); }
