@@ -17,8 +17,8 @@ the bag's), with XLA's own threading:
 * ``membrane_clamp`` / ``hinge_clamp``: the exact element Hessian with negative
   eigenvalues set to 0 (patched in here);
 * ``exact_first``: the bag's Config (``newton_tangent="exact_first"``, its
-  ``max_direction``): the exact membrane and hinge blocks factorized first, the projected
-  ones where that fails;
+  ``max_direction``): the exact blocks of ``ipcjax.potential.EXACT_FIRST`` (the
+  membrane's) factorized first, the projected ones where that fails;
 * ``exact_first_uncapped``: the same with ``max_direction=inf``.
 
 Prints JSON per variant: Newton iterations (total, steps with ≥ 20 and ≥ 40), the

@@ -265,7 +265,7 @@ class Config:
     doublings of α while Φ keeps falling (:func:`ipcjax.line_search.expand`, docs/design.md).
     ``newton_tangent`` (static) names the Hessian of the Newton direction: ``"projected"``
     (the specification's: every element's PSD tangent) or ``"exact_first"`` (the membrane's
-    and the bending's exact element Hessians, the rest projected, factorized first; where that
+    exact element Hessians, the rest projected, factorized first; where that
     factorization fails, the projected tangent: :mod:`ipcjax.newton`, docs/design.md).
     ``max_direction`` (m, traced; ∞: none) caps the Newton direction: one that moves a
     particle further is scaled down to that length before the candidates, the step bound

@@ -7,8 +7,8 @@ each iteration
 
 1. assembles ∇Φ and the PSD Hessian H over the free DOFs (FP64) as element blocks
    (:func:`ipcjax.potential.gradient_and_blocks`); with ``config.newton_tangent =
-   "exact_first"`` the membrane's and the bending's blocks are their exact element
-   Hessians (:data:`~ipcjax.potential.EXACT_FIRST`), the rest projected,
+   "exact_first"`` the membrane's blocks are its exact element Hessians
+   (:data:`~ipcjax.potential.EXACT_FIRST`), the rest projected,
 2. solves H Δx = −∇Φ with the linear solver object ``config.linear_solver`` names
    (:mod:`ipcjax.linear_solvers`: dense equilibrated Cholesky, sparse Cholesky, or
    block-Jacobi CG); with ``"exact_first"``, where that solve fails (H not positive
@@ -295,8 +295,8 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         return gap_lower_bound(s.x, s.ref_x, s.ref_gap, s.contacts) < dhat
 
     def assemble(s: NewtonState, pb):
-        """∇Φ and the Hessian blocks at s.x (the membrane's and the bending's exact ones with
-        ``exact_first``), and the assembly's active-row count."""
+        """∇Φ and the Hessian blocks at s.x (the membrane's exact ones with ``exact_first``),
+        and the assembly's active-row count."""
         x, cs = s.x, s.contacts
         if not compact:
             g, hb = gradient_and_blocks(x, pb, cs, geometry=stencil_geometry(x, cs, radius, min_gap), exact=exact)
@@ -381,7 +381,7 @@ def carried_solve(x_init, problem: StepProblem, make_friction, *, capacity, carr
         direction = solver.direction(g, solver.init(hb), name_failure=not exact_first)
         fell_back = jnp.bool_(False)
         if exact_first:
-            # the exact membrane and bending blocks failed to factorize (not positive
+            # the exact membrane blocks failed to factorize (not positive
             # definite, or any other status): the projected tangent, whose status stands
             fell_back = ~direction.ok
             direction = lockstep.switch(fell_back.astype(jnp.int32), [

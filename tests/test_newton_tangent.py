@@ -1,6 +1,6 @@
-"""The Newton direction's tangent ``Config.newton_tangent="exact_first"``: the membrane's
-and the bending's exact element Hessians factorized first, the projected tangent where
-that fails (ipcjax/newton.py, docs/design.md "The exact tangent first")."""
+"""The Newton direction's tangent ``Config.newton_tangent="exact_first"``: the exact
+element Hessians of the terms ``potential.EXACT_FIRST`` names (the membrane's) factorized
+first, the projected tangent where that fails (ipcjax/newton.py, docs/design.md "The exact tangent first")."""
 import dataclasses
 
 import jax
