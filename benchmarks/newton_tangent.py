@@ -21,6 +21,11 @@ the bag's), with XLA's own threading:
   membrane's) factorized first, the projected ones where that fails;
 * ``exact_first_uncapped``: the same with ``max_direction=inf``.
 
+Before stop 59, ``exact_first`` was patched in here (the membrane's and the hinge's exact
+blocks, no cap, through the host driver without a candidate cache): the figures of
+2026-12-05 and of stop 58 in docs/benchmarks.md were taken so, and this script no longer
+gives them.
+
 Prints JSON per variant: Newton iterations (total, steps with ≥ 20 and ≥ 40), the
 directions that fell back to the projected tangent, line-search trials, candidate
 queries, capacity reallocations, and the wall time of the steps after the first (s; a
