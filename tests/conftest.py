@@ -44,7 +44,7 @@ HEAVY_FIRST = (
     "tests/test_rollout_failures.py",  # 91 s
     "tests/test_cli.py",               # 64 s
     "tests/test_bag_fit.py",           # 60 s
-    "tests/test_newton_tangent.py",    # ≈ 100 s (this machine, 2026-12-07)
+    "tests/test_newton_tangent.py",    # 141 s alone (stop 59's machine, 2026-12-07)
 )
 
 
