@@ -112,7 +112,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--expansions", type=int, default=0,
-                    help="Config.line_search_expansions (default 0, as the figures of 2026-12-05; the bag's is 4)")
+                    help="Config.line_search_expansions (default 0, the bag's, as in the figures of 2026-12-05)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:

@@ -267,9 +267,10 @@ class Config:
     (the specification's: every element's PSD tangent) or ``"exact_first"`` (the membrane's
     exact element Hessians, the rest projected, factorized first; where that
     factorization fails, the projected tangent: :mod:`ipcjax.newton`, docs/design.md).
-    ``max_direction`` (m, traced; ∞: none) caps the Newton direction: one that moves a
-    particle further is scaled down to that length before the candidates, the step bound
-    and the line search see it (the stopping rule reads the whole direction).
+    ``max_direction`` (m, traced; ∞: none) caps the Newton direction: one whose largest
+    coordinate change max|Δx| is longer is scaled down to that length before the
+    candidates, the step bound and the line search see it (the stopping rule reads the
+    whole direction).
     """
 
     membrane: str = "neo_hookean"       # or "stvk": energies.membrane.MEMBRANE_MODELS
@@ -287,7 +288,7 @@ class Config:
     ccd_passes: int = 256               # conservative-advancement passes of the step bound (1: single bound)
     line_search_expansions: int = 0     # doublings of an accepted full step while Φ falls (0: none)
     newton_tangent: str = "projected"   # or "exact_first": the Newton direction's Hessian (NEWTON_TANGENTS)
-    max_direction: float = float("inf")  # m: a Newton direction moving a particle further is scaled down to it
+    max_direction: float = float("inf")  # m: a Newton direction with a larger max|Δx| is scaled down to it
 
     def __post_init__(self):
         _memb.membrane_model(self.membrane)  # unknown names raise, listing the known ones

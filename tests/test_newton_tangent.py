@@ -142,7 +142,7 @@ def test_exact_first_steps_a_squeezed_and_a_stretched_film_to_the_projected_tang
 
 def test_a_direction_longer_than_max_direction_is_cut_to_it_after_the_stopping_test(squeezed):
     """One Newton iteration with ``max_direction`` a tenth of the direction's length: the
-    iterate moves no particle further than that, the stopping rule still reads the whole
+    iterate changes no coordinate by more than that, the stopping rule still reads the whole
     direction (``last_step_norm``), and without the cap the same iteration moves further."""
     model, x, cap = squeezed
     solve = jax.jit(solve_positions, static_argnames=("config", "capacity"))
