@@ -44,7 +44,7 @@ NOT_BENCHMARKS = {"__init__.py", "timing.py", "run_all.py", "alternate.py",
                   "kind_slots.py", "line_search.py", "newton_tangent.py", "perturb_size.py", "protocol_phases.py",
                   "query_cost.py", "sparse_solvers.py", "suite_order.py", "taylor_base_points.py", "trace_step.py",
                   "trajectory_write.py", "used_rows.py", "cholmod_phases.py",
-                  "whole_history.py"}
+                  "whole_history.py", "tangent_ensemble.py"}
 
 
 def _json_of(stdout: str):

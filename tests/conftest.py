@@ -28,23 +28,23 @@ jax.config.update("jax_enable_x64", True)
 
 #: The test files that take longest, slowest first: each worker gets one of them while the
 #: other works through the rest, so that neither is left with a heavy file at the end. The
-#: seconds: each file's tests summed from the CI dry run of 2d5bf2a
-#: (``PYTEST_ADDOPTS=--durations=0 bash .ci/run``, 2026-12-06, 602 passed in 9 min 31 s),
-#: in that run's order. The next file, tests/test_candidates.py, took 39 s. In the order of
-#: these seconds (52a8138: the README and step files before the implicit one) the next dry
-#: run took 11 min 3 s, its four heaviest files each 27–41 % slower: this machine's speed
-#: or the pairing, not told apart by one run. docs/tests.md "Keeping the suite fast". A
-#: stale order costs only time: every collected test still runs.
+#: seconds: each file's tests summed from ``python3 -m pytest -q -p no:cacheprovider
+#: --durations=0`` at 1adfd08 (stop 60's machine, 2026-12-07, 669 passed in 17 min 58 s),
+#: less the dense whole-step test of tests/test_newton_tangent.py moved to the slow tests
+#: since (53 s). docs/tests.md "Keeping the suite fast". A stale order costs only time:
+#: every collected test still runs.
 HEAVY_FIRST = (
-    "tests/test_sparse.py",            # 177 s
-    "tests/test_implicit.py",          # 118 s
-    "tests/test_readme.py",            # 123 s
-    "tests/test_layers_gradient.py",   # 115 s
-    "tests/test_step.py",              # 120 s
-    "tests/test_rollout_failures.py",  # 91 s
-    "tests/test_cli.py",               # 64 s
-    "tests/test_bag_fit.py",           # 60 s
-    "tests/test_newton_tangent.py",    # 141 s alone (stop 59's machine, 2026-12-07)
+    "tests/test_sparse.py",            # 397 s
+    "tests/test_step.py",              # 271 s
+    "tests/test_implicit.py",          # 189 s
+    "tests/test_readme.py",            # 180 s
+    "tests/test_newton_tangent.py",    # 158 s
+    "tests/test_layers_gradient.py",   # 154 s
+    "tests/test_rollout_failures.py",  # 128 s
+    "tests/test_cli.py",               # 103 s
+    "tests/test_bag_fit.py",           # 74 s
+    "tests/test_candidates.py",        # 51 s
+    "tests/test_bag.py",               # 51 s
 )
 
 
