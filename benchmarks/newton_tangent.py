@@ -16,8 +16,9 @@ the bag's), with XLA's own threading:
   eigenvalue replaced by its absolute value (patched in here, not in the library);
 * ``membrane_clamp`` / ``hinge_clamp``: the exact element Hessian with negative
   eigenvalues set to 0 (patched in here);
-* ``exact_first``: the bag's Config (``newton_tangent="exact_first"``, its
-  ``max_direction``): the exact blocks of ``ipcjax.potential.EXACT_FIRST`` (the
+* ``exact_first``: the bag's Config of stop 59 (``newton_tangent="exact_first"``,
+  ``max_direction`` 3 mm; the bag takes the projected tangent since stop 60, docs/design.md
+  "The exact tangent first"): the exact blocks of ``ipcjax.potential.EXACT_FIRST`` (the
   membrane's) factorized first, the projected ones where that fails;
 * ``exact_first_uncapped``: the same with ``max_direction=inf``.
 
@@ -44,6 +45,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+STOP59_CAP = 3e-3  # m: the bag's max_direction with exact_first in stop 59
 VARIANTS = ("projected", "membrane_abs", "membrane_clamp", "hinge_clamp", "exact_first", "exact_first_uncapped")
 
 
@@ -82,9 +85,11 @@ def run(variant, state, steps, expansions):
     sc = bag_scene(res)
     rs = read_bag_state(state, sc, res)
     config = dataclasses.replace(sc.config, line_search_expansions=expansions)
-    if variant == "exact_first_uncapped":
-        config = dataclasses.replace(config, max_direction=float("inf"))
-    elif variant != "exact_first":
+    if variant == "exact_first":
+        config = dataclasses.replace(config, newton_tangent="exact_first", max_direction=STOP59_CAP)
+    elif variant == "exact_first_uncapped":
+        config = dataclasses.replace(config, newton_tangent="exact_first", max_direction=float("inf"))
+    else:
         config = dataclasses.replace(config, newton_tangent="projected", max_direction=float("inf"))
     st, k, t = make_state(rs["x"], rs["v"], float(rs["t"])), int(rs["step"]), float(rs["t"])
     cap, cache, reps, wall = None, CandidateCache(), [], 0.0

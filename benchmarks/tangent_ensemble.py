@@ -10,11 +10,13 @@ round-off, which the first 7 s of the protocol carry to millimetres at the end.
 
 The tangents:
 
-* ``exact_first``: the bag's Config as it is (``newton_tangent="exact_first"``,
+* ``exact_first``: the bag's Config of stop 59 (``newton_tangent="exact_first"``,
   ``max_direction=3e-3``);
-* ``projected``: the bag's Config before #30's stop 59, ``newton_tangent="projected"``,
-  ``max_direction=inf`` (set here on the scene that ``run_bag`` builds; summary.json
-  records ``newton_tangent``).
+* ``projected``: the bag's Config before stop 59 and again since stop 60
+  (``newton_tangent="projected"``, ``max_direction=inf``).
+
+Each is set here on the scene that ``run_bag`` builds; summary.json records
+``newton_tangent``, and a run whose summary names another tangent is an error.
 
 Each run is ``run_bag`` in its own folder under ``--out`` (``<tangent>/k=<k>``; a folder
 whose run finished with the same E and tangent is read back, not run again),
@@ -43,6 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 TANGENTS = ("projected", "exact_first")
+#: each tangent's (newton_tangent, max_direction) on the bag's Config
+SETTINGS = {"projected": ("projected", float("inf")), "exact_first": ("exact_first", 3e-3)}
 
 
 def _scene_with(tangent):
@@ -51,12 +55,11 @@ def _scene_with(tangent):
     import scenes.bag as B
     build = B.bag_scene
 
+    name, cap = SETTINGS[tangent]
+
     def bag_scene(*a, **k):
         sc = build(*a, **k)
-        if tangent == "projected":
-            sc = dataclasses.replace(sc, config=dataclasses.replace(
-                sc.config, newton_tangent="projected", max_direction=float("inf")))
-        return sc
+        return dataclasses.replace(sc, config=dataclasses.replace(sc.config, newton_tangent=name, max_direction=cap))
     return bag_scene
 
 

@@ -138,6 +138,8 @@ class MemberReport(NamedTuple):
     iterations: jnp.ndarray          # int32 Newton iterations over every try
     line_search_trials: jnp.ndarray  # int32
     expansions: jnp.ndarray          # int32 iterations that stepped beyond α = 1
+    projected: jnp.ndarray           # int32 directions that fell back to the projected tangent
+                                     # (Config.newton_tangent="exact_first"; StepReport.projected)
     min_step_bound: jnp.ndarray      # float64 smallest step bound over the tries
     min_gap: jnp.ndarray             # float64 smallest rounded gap over the successful substeps, m
     n_vt: jnp.ndarray                # int32 largest candidate counts any try reported (for growth)
@@ -156,12 +158,12 @@ class _Subdivision(NamedTuple):
     report: MemberReport  # code ≠ 0 ends the loop
 
 
-_COUNTS = ("iterations", "line_search_trials", "expansions", "n_vt", "n_ee", "n_sf", "n_active", "work")
+_COUNTS = ("iterations", "line_search_trials", "expansions", "projected", "n_vt", "n_ee", "n_sf", "n_active", "work")
 
 
 def _first_report(dt) -> MemberReport:
     i0 = jnp.zeros((), jnp.int32)
-    return MemberReport(i0, i0, i0, i0, i0, i0, i0, jnp.ones((), dt.dtype), jnp.full((), jnp.inf, dt.dtype),
+    return MemberReport(i0, i0, i0, i0, i0, i0, i0, i0, jnp.ones((), dt.dtype), jnp.full((), jnp.inf, dt.dtype),
                         i0, i0, i0, i0, jnp.zeros((2, 3), jnp.int32))
 
 
@@ -223,7 +225,7 @@ def subdivided_step(model: Model, params, state: State, controls, dt, *, config:
             substeps=r.substeps + ok, max_depth=jnp.where(ok, jnp.maximum(r.max_depth, c.level), r.max_depth),
             tries=r.tries + 1, iterations=r.iterations + info.iterations,
             line_search_trials=r.line_search_trials + info.line_search_trials,
-            expansions=r.expansions + info.expansions,
+            expansions=r.expansions + info.expansions, projected=r.projected + info.projected,
             min_step_bound=jnp.minimum(r.min_step_bound, info.min_step_bound),
             min_gap=jnp.where(ok, jnp.minimum(r.min_gap, info.min_gap), r.min_gap),
             n_vt=jnp.maximum(r.n_vt, info.n_vt), n_ee=jnp.maximum(r.n_ee, info.n_ee),

@@ -178,7 +178,7 @@ def run_bag_ensemble(options: BagRunOptions, members: int, *, params=None) -> En
     unfold_step = None if checked else max(step, int(np.ceil((t_unfold - EPS_T) / sc.dt)))
     capacity = initial_capacity(sc.model.topology)
     kept = [[(np.asarray(states.x[j]), float(states.t[j]))] for j in range(members)]
-    figures = [dict(iterations=0, max_depth=0, min_gap=np.inf) for _ in range(members)]
+    figures = [dict(iterations=0, projected=0, max_depth=0, min_gap=np.inf) for _ in range(members)]
     failure, first_chunk_s, wall0 = None, None, time.perf_counter()
     with (BackgroundAudit(sc.faces, np.arange(len(sc.film), len(sc.film) + len(sc.spheres)), sc.sphere_radius)
           if lead else contextlib.nullcontext()) as background:
@@ -319,6 +319,7 @@ def _take_chunk(run, a: int, kept, figures, save_every: int, audit, sc) -> dict 
                 audit.add(j, frames[j, i])
         f = figures[j]
         f["iterations"] += int(np.asarray(rep.iterations[j, :n]).sum())
+        f["projected"] += int(np.asarray(rep.projected[j, :n]).sum())
         f["max_depth"] = max(f["max_depth"], int(np.asarray(rep.max_depth[j, :n]).max(initial=0)))
         f["min_gap"] = min(f["min_gap"], float(np.asarray(rep.min_gap[j, :n]).min(initial=np.inf)))
     bad = np.flatnonzero(code != 0)
@@ -354,7 +355,8 @@ def _write(sc, options: BagRunOptions, r: dict, write: bool = True) -> EnsembleR
         p = r["params"][j]
         m = dict(member=j, perturbation=describe(options.perturb, options.seed + j) if j else None,
                  params={k: float(getattr(p, k)) for k in ("youngs_modulus", "friction", "bending_scale")},
-                 newton_iterations=f["iterations"], max_subdivision_depth=f["max_depth"], min_gap_m=float(f["min_gap"]),
+                 newton_iterations=f["iterations"], projected_directions=f["projected"],
+                 max_subdivision_depth=f["max_depth"], min_gap_m=float(f["min_gap"]),
                  measurements=measurements(traj.film, traj.spheres, traj.time, sc),
                  audit=dict(frames=len(a["intersecting_pairs"]),
                             frames_with_self_intersection=int((a["intersecting_pairs"] > 0).sum()),
@@ -365,7 +367,8 @@ def _write(sc, options: BagRunOptions, r: dict, write: bool = True) -> EnsembleR
         members.append(m)
     summary = dict(
         ensemble=len(members), resolution=options.resolution, protocol=options.protocol,
-        linear_solver=sc.config.linear_solver, devices=jax.device_count(), processes=jax.process_count(),
+        linear_solver=sc.config.linear_solver, newton_tangent=sc.config.newton_tangent,
+        devices=jax.device_count(), processes=jax.process_count(),
         step_index=r["step"],
         simulated_s=float(r["states"].t[0]),
         wall_s=r["wall"], first_chunk_s=r["first_chunk_s"], chunk_steps=CHUNK, capacity=r["capacity"]._asdict(),

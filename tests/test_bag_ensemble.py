@@ -44,7 +44,7 @@ def stand_in_rollout(calls):
                               t=jnp.asarray(np.where(failed_at >= 0, times[np.arange(2), np.maximum(last, 0)],
                                                      times[:, -1])))
         z = np.zeros((2, steps), np.int32)
-        rep = E.MemberReport(z + code[:, None], z + 1, z, z + 1, z + 5, z, z, np.ones((2, steps)),
+        rep = E.MemberReport(z + code[:, None], z + 1, z, z + 1, z + 5, z, z, z + 2, np.ones((2, steps)),
                              np.full((2, steps), 4e-4), z, z, z, z, np.zeros((2, steps, 2, 3), np.int32))
         return E.Rollout(end, aux, jnp.asarray(frames, jnp.float32), jnp.asarray(times), rep, failed_at, code), capacity
 
@@ -89,6 +89,7 @@ def test_the_host_loop_keeps_frames_names_the_failed_member_and_writes_every_mem
         rs = read_bag_state(str(tmp_path / "ens" / f"member{j}" / "state.npz"), sc, "coarse")  # resumable
         assert int(rs["step"]) == (2064, 2055)[j]  # member 0 ran its chunk out, member 1 stopped
     assert s["members"][0]["newton_iterations"] == 5 * 24 and s["members"][1]["newton_iterations"] == 5 * 15
+    assert s["members"][0]["projected_directions"] == 2 * 24 and s["members"][1]["projected_directions"] == 2 * 15
     assert s["members"][1]["perturbation"]["seed"] == 1 and s["members"][0]["perturbation"] is None
     neck = np.array([m["measurements"]["neck_width_mm"] for m in s["members"]])
     np.testing.assert_allclose(s["measurements_mean_sd"]["neck_width_mm"]["mean"], neck.mean(axis=0))
@@ -116,6 +117,7 @@ def members_equal_single_runs(tmp_path) -> dict:
             assert np.abs(a["film"] - b["film"]).max() <= tol and np.abs(a["spheres"] - b["spheres"]).max() <= tol
             films.append(a["film"][-1])
         assert res.summary["members"][j]["newton_iterations"] == single.summary["newton_iterations"]
+        assert res.summary["members"][j]["projected_directions"] == single.summary["projected_directions"]
     assert np.abs(films[1] - films[0]).max() > 1e-8
     return res.summary
 

@@ -46,7 +46,7 @@ def test_an_overflowing_member_grows_the_capacity_and_the_whole_step_reruns(monk
         n = len(calls)
         code = np.array([0, StepCode.CAPACITY_OVERFLOW if n == 1 else 0, 0], np.int32)
         col = lambda *a: np.array(a)[:, None]  # noqa: E731  (K = 3 members, 1 step)
-        rep = E.MemberReport(code[:, None], *(np.zeros((3, 1), np.int32),) * 6, np.ones((3, 1)), np.ones((3, 1)),
+        rep = E.MemberReport(code[:, None], *(np.zeros((3, 1), np.int32),) * 7, np.ones((3, 1)), np.ones((3, 1)),
                              col(3, 20, 5), col(9, 2, 1), col(1, 1, 4), col(6, 30, 2), np.full((3, 1, 2, 3), 10 * n))
         return E.Rollout(states, aux, None, None, rep, np.where(code, 0, -1), code)
 

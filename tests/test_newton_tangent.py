@@ -12,6 +12,7 @@ from ipcjax import candidates as C
 from ipcjax.model import Config, Controls, Params
 from ipcjax.potential import EXACT_FIRST, dense_hessian, gradient_and_blocks, projected_blocks
 from ipcjax.problem import StepInputs
+from ipcjax.ensemble import ensemble_advance, stack
 from ipcjax.step import advance, make_state, solve_positions, step_problem
 from ipcjax.newton import query_contacts
 from scenes.film import drape_scene
@@ -124,7 +125,7 @@ def test_where_the_exact_tangent_is_positive_definite_the_first_direction_is_exa
 def test_exact_first_steps_a_squeezed_and_a_stretched_film_to_the_projected_tangents_minimiser(linear_solver):
     """Whole steps through the host driver, squeezed (the exact tangent fails and falls
     back) and stretched: both tangents end on the same minimiser of Φ, to the stopping
-    tolerance."""
+    tolerance; the squeezed step as a one-member ensemble counts the same fallbacks."""
     projected, exact_first = tangents(linear_solver)
     for squeeze in (0.97, 1.03):
         model, x, cap = film(squeeze)
@@ -142,6 +143,11 @@ def test_exact_first_steps_a_squeezed_and_a_stretched_film_to_the_projected_tang
         print(f"squeeze {squeeze}: iterations {rep_p.iterations} projected, {rep_e.iterations} exact first "
               f"({rep_e.projected} fell back); moved {moved:.3g} m, apart {diff:.3g} m")
         assert moved > 1e-5 and diff < 1e-7  # FP32-stored positions, tolerance 1e-8 m
+        if squeeze < 1:  # an ensemble member counts the same fallbacks (MemberReport.projected)
+            st_k, rep_k, _ = ensemble_advance(model, stack([p]), stack([st]), stack([ctl]), DT,
+                                              config=exact_first, capacity=cap)
+            assert int(rep_k.code[0]) == 0 and int(rep_k.projected[0]) == rep_e.projected > 0
+            assert int(rep_k.iterations[0]) == rep_e.iterations
 
 
 def test_a_direction_longer_than_max_direction_is_cut_to_it_after_the_stopping_test(squeezed):
