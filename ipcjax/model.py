@@ -270,7 +270,8 @@ class Config:
     ``max_direction`` (m, traced; ∞: none) caps the Newton direction: one whose largest
     coordinate change max|Δx| is longer is scaled down to that length before the
     candidates, the step bound and the line search see it (the stopping rule reads the
-    whole direction).
+    whole direction). The bag uses neither: with them its whole runs ended elsewhere
+    (docs/design.md, "The exact tangent first").
     """
 
     membrane: str = "neo_hookean"       # or "stvk": energies.membrane.MEMBRANE_MODELS
