@@ -326,8 +326,8 @@ def bag_scene(resolution: str = "full", *, rings: int | None = None, columns: in
     # iterations and no time, and move the neck by 2× the model's scatter (docs/benchmarks.md);
     # the projected tangent (Config's default), not newton_tangent="exact_first": the exact
     # membrane tangent first cut the cinch window's iterations 3,596 -> 2,343, but whole
-    # bags ended elsewhere (neck 4.4 mm narrower, 5.6 mm deeper on average over 7 runs a
-    # tangent) and one of its 7 failed the unfold check (docs/design.md, "The exact tangent first")
+    # bags ended elsewhere (neck 4.4 mm narrower in x, 5.6 mm wider in y on average over 7
+    # runs a tangent) and one of its 7 failed the unfold check (docs/design.md, "The exact tangent first")
     config = Config(membrane="neo_hookean", bending="hinge", dhat=dhat, min_gap=0.030e-3, max_newton=150,
                     linear_solver=linear_solver)
     spheres = np.arange(nf, nf + n_s)

@@ -117,9 +117,9 @@ def test_where_the_exact_tangent_is_positive_definite_the_first_direction_is_exa
                                                                               rel_err(step_p, newton))
 
 
-# slow: two step programs per solver (≈ 55 s on the dense path, 2026-12-07); the default
-# suite's one-iteration tests above check the fallback bit for bit and the exact direction
-# on both paths (docs/tests.md)
+# slow: two step programs per solver and an ensemble program (62 s on the dense path alone,
+# 2026-12-07); the default suite's one-iteration tests above check the fallback bit for bit
+# and the exact direction on both paths (docs/tests.md)
 @pytest.mark.slow
 @pytest.mark.parametrize("linear_solver", ["dense", "sparse"])
 def test_exact_first_steps_a_squeezed_and_a_stretched_film_to_the_projected_tangents_minimiser(linear_solver):
