@@ -204,6 +204,32 @@ def solve_path(linear_solver: str) -> str | None:
     return "custom call" if available() else f"host callback: {why_not()}"
 
 
+def pattern_builds_agree(n: int, rows, blocks) -> int:
+    """For tests: the handler's assembly pattern of these element groups (``rows`` (E, k)
+    int32 and ``blocks`` (E, k, k) float64 per group, over ``n`` DOFs) built both ways the
+    handler builds one (``ipcjax/native/cholmod_ffi.c``: by particles where the rows come in
+    particle triples, else by entries). 0: the two are the same in every array; 1: the rows
+    are not in triples (only the build by entries applies); 2: they differ; 3: a block that
+    is read is not finite; -1: out of memory. Raises :class:`NativeBuildError` when the
+    library cannot be built."""
+    import numpy as np
+
+    lib = _load()
+    if lib is None:
+        raise NativeBuildError(f"the CHOLMOD custom call is not available: {why_not()}")
+    rows = [np.ascontiguousarray(r, np.int32) for r in rows]
+    blocks = [np.ascontiguousarray(b, np.float64) for b in blocks]
+    if any(r.ndim != 2 or b.shape != r.shape + r.shape[1:] for r, b in zip(rows, blocks)) or len(rows) != len(blocks):
+        raise ValueError("pattern_builds_agree: each group needs rows (E, k) and blocks (E, k, k)")
+    g = len(rows)
+    fn = lib.ipcjax_pattern_selfcheck
+    fn.restype = ctypes.c_int
+    return int(fn(ctypes.c_int32(n), ctypes.c_int(g), (ctypes.c_int64 * g)(*[r.shape[0] for r in rows]),
+                  (ctypes.c_int64 * g)(*[r.shape[1] for r in rows]),
+                  (ctypes.c_void_p * g)(*[r.ctypes.data for r in rows]),
+                  (ctypes.c_void_p * g)(*[b.ctypes.data for b in blocks])))
+
+
 def solve(hb, rhs, *, name_failure: bool = True):
     """u = H⁻¹ rhs for positive definite H over the free DOFs, by the custom call; returns
     (u, status) as :func:`ipcjax.ldl.sparse_solve` with ``require_pd=True`` does (u NaN

@@ -854,6 +854,54 @@ def test_contact_elements_that_add_nothing_are_dropped_unread(contact_system):
     assert int(solve(nan_read, rhs)[1]) == LinearStatus.NON_FINITE_INPUT
 
 
+def test_the_custom_calls_pattern_by_particles_is_its_pattern_by_entries(contact_system):
+    """The custom call builds a new assembly pattern (CSC structure, each kept entry's place)
+    from the particles where every kept element's rows come in particle triples, as the
+    assembly's always do, and from the entries otherwise. Both builds give the same arrays:
+    on the film's projected and exact blocks, and on random groups with repeated particles,
+    fixed particles and all-zero blocks. Rows out of triples take the build by entries, in
+    the handler too: the same matrix with each element's first two DOFs swapped solves to
+    the same u."""
+    from ipcjax import cholmod_ffi
+
+    for exact in (False, True):
+        _, hb = contact_system(exact)
+        F3 = hb.diag.shape[0]
+        rows, blocks = [np.asarray(r) for r in hb.rows], [np.asarray(b) for b in hb.blocks]
+        assert any(np.any(r >= F3) for r in rows) and any(np.any(r < F3) for r in rows)
+        assert cholmod_ffi.pattern_builds_agree(F3, rows, blocks) == 0
+    rng = np.random.default_rng(14)
+    seen = dict(repeated=0, fixed=0, zero=0)
+    for _ in range(60):
+        n_part = int(rng.integers(1, 25))
+        rows, blocks = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            s, E = int(rng.integers(1, 5)), int(rng.integers(1, 30))
+            P = rng.integers(0, n_part + 3, size=(E, s))  # ≥ n_part: a fixed particle
+            rows.append(np.where(P[..., None] < n_part, 3 * P[..., None] + np.arange(3),
+                                 3 * n_part + np.arange(3)).reshape(E, 3 * s))
+            blocks.append(rng.normal(size=(E, 3 * s, 3 * s)) * (rng.random((E, 1, 1)) < 0.8))
+            seen["repeated"] += int(np.sum([len(set(p)) < s for p in P]))
+            seen["fixed"] += int(np.sum(P >= n_part))
+            seen["zero"] += int(np.sum(np.all(blocks[-1] == 0, axis=(1, 2))))
+        assert cholmod_ffi.pattern_builds_agree(3 * n_part, rows, blocks) == 0
+    assert min(seen.values()) > 0, seen
+    assert cholmod_ffi.pattern_builds_agree(6, [np.array([[1, 0, 2]])], [np.eye(3)[None]]) == 1
+    assert cholmod_ffi.pattern_builds_agree(6, [np.array([[0, 1, 2]])], [np.full((1, 3, 3), np.nan)]) == 3
+    # the handler on rows out of triples: swap the first two DOFs of every element
+    _, hb = contact_system(False)
+    rhs = jnp.asarray(np.random.default_rng(15).normal(size=hb.diag.shape[0]))
+    u, status = jax.jit(cholmod_ffi.solve)(hb, rhs)
+    swap = lambda k: np.r_[1, 0, 2:k]
+    swapped = hb._replace(rows=tuple(r[:, swap(r.shape[1])] for r in hb.rows),
+                          blocks=tuple(b[:, swap(b.shape[1])][:, :, swap(b.shape[1])] for b in hb.blocks))
+    assert cholmod_ffi.pattern_builds_agree(hb.diag.shape[0], swapped.rows, swapped.blocks) == 1
+    v, s = jax.jit(cholmod_ffi.solve)(swapped, rhs)
+    assert int(status) == int(s) == LinearStatus.SUCCESSFUL
+    assert_nonzero(u)
+    assert rel_err(v, u) < 1e-12
+
+
 def test_without_the_custom_call_the_sparse_solve_warns_and_takes_the_host_callback(contact_system, monkeypatch,
                                                                                      tmp_path):
     """A machine where the custom call cannot be built (here: pretended) gets the host

@@ -20,7 +20,10 @@
  *    zeros; every entry of the other elements is kept, zero or not. The pattern is the list
  *    of the kept elements' rows; a pattern seen before reuses its CSC structure, its
  *    scatter map (each kept entry's place in its block and in the CSC values: one pass of
- *    += with no tests) and its CHOLMOD analysis.
+ *    += with no tests) and its CHOLMOD analysis. A new pattern is built from the particles
+ *    where the rows come in particle triples, as the assembly's do (build_by_particles),
+ *    else from the entries (build_by_entries); both give the same arrays
+ *    (ipcjax_pattern_selfcheck, tests/test_sparse.py).
  * 2. CHOLMOD factorizes P H P^T = L L^T (supernodal). Where it finds a pivot <= 0, this
  *    file's own LDL^T without pivoting (CHOLMOD's ordering P) names the failure as QDLDL
  *    does in ldl.py: a zero or non-finite pivot is SINGULAR, a negative one
@@ -231,8 +234,9 @@ static int compare_int32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The CSC pattern of the kept entries and the diagonal, with each entry's position. */
-static Pattern *build_pattern(const Group *groups, int n_groups, int32_t n, int32_t *sig, size_t sig_len) {
+/* The CSC pattern of the kept entries and the diagonal, with each entry's position: by
+ * entries, for rows of any layout (build_pattern takes build_by_particles where it can). */
+static Pattern *build_by_entries(const Group *groups, int n_groups, int32_t n, int32_t *sig, size_t sig_len) {
   int64_t m = n;
   FOR_EACH_ENTRY(groups, n_groups, n, ++m);
   Pattern *pat = calloc(1, sizeof *pat);
@@ -292,6 +296,205 @@ static Pattern *build_pattern(const Group *groups, int n_groups, int32_t n, int3
     return NULL;
   }
   return pat;
+}
+
+/* Whether every used element's rows come in particle triples: (3p, 3p + 1, 3p + 2) with
+ * 3p + 2 < n, or all three >= n (a fixed particle). The assembly's rows always do
+ * (ipcjax.potential: _dof_rows, and the fixed-particle rows of an element that adds nothing). */
+static int rows_are_triples(const Group *groups, int n_groups, int32_t n) {
+  if (n % 3) return 0;
+  for (int gi = 0; gi < n_groups; ++gi) {
+    const Group *g = &groups[gi];
+    const int64_t k = g->k;
+    for (int64_t e = 0; e < g->E; ++e) {
+      if (!g->used[e]) continue;
+      if (k % 3) return 0;
+      const int32_t *r = g->rows + e * k;
+      for (int64_t i = 0; i < k; i += 3) {
+        if (r[i] >= n) {
+          if (r[i + 1] < n || r[i + 2] < n) return 0;
+        } else if (r[i] < 0 || r[i] % 3 || r[i + 1] != r[i] + 1 || r[i + 2] != r[i] + 2) {
+          return 0;
+        }
+      }
+    }
+  }
+  return 1;
+}
+
+/* build_by_entries' pattern, bit for bit, from the particles instead of the entries, for rows
+ * in particle triples (rows_are_triples). Column 3q + b of H's upper triangle holds rows
+ * 3p, 3p + 1, 3p + 2 for each particle p < q that shares a kept element with q, then rows
+ * 3q ... 3q + b when q is in a kept element (else row 3q + b alone, the diagonal): so the
+ * pattern follows from the sorted particle lists of the columns, and an entry's place from
+ * its particles' rank in them, and the pass over the k x k entries of every element that
+ * build_by_entries makes three times (counting, bucketing, recording) is made once. */
+static Pattern *build_by_particles(const Group *groups, int n_groups, int32_t n, int32_t *sig, size_t sig_len) {
+  const int32_t np = n / 3;
+  int64_t n_pairs = 0, n_entries = 0, n_used = 0, max_s = 1;
+  for (int gi = 0; gi < n_groups; ++gi) { /* the (p, q) pairs, p <= q, of each kept element's particles */
+    const Group *g = &groups[gi];
+    const int64_t k = g->k, s = k / 3;
+    if (s > max_s) max_s = s;
+    for (int64_t e = 0; e < g->E; ++e) {
+      if (!g->used[e]) continue;
+      ++n_used;
+      const int32_t *r = g->rows + e * k;
+      for (int64_t i = 0; i < s; ++i)
+        for (int64_t j = 0; j < s; ++j)
+          if (r[3 * i] <= r[3 * j] && r[3 * j] < n) ++n_pairs, n_entries += r[3 * i] < r[3 * j] ? 9 : 6;
+    }
+  }
+  Pattern *pat = calloc(1, sizeof *pat);
+  int32_t *pair_p = malloc((n_pairs + 1) * sizeof *pair_p), *pair_q = malloc((n_pairs + 1) * sizeof *pair_q);
+  int32_t *rank = malloc((n_pairs + 1) * sizeof *rank), *by_p = malloc((n_pairs + 1) * sizeof *by_p);
+  int32_t *by_id = malloc((n_pairs + 1) * sizeof *by_id), *start = calloc(np + 1, sizeof *start);
+  int32_t *fill = malloc((np + 1) * sizeof *fill), *seen = malloc((np + 1) * sizeof *seen);
+  int32_t *slot = malloc((np + 1) * sizeof *slot), *distinct = malloc((np + 1) * sizeof *distinct);
+  int32_t *lists = malloc((n_pairs + 1) * sizeof *lists), *list_at = calloc(np + 1, sizeof *list_at);
+  int32_t *table = malloc(max_s * max_s * sizeof *table);
+  if (pat) {
+    pat->colptr = calloc(n + 1, sizeof(int32_t)), pat->diag_at = malloc((n + 1) * sizeof(int32_t));
+    pat->scatter = malloc((n_entries + 1) * sizeof(int32_t)), pat->offset = malloc((n_entries + 1) * sizeof(uint16_t));
+    pat->kept = calloc(n_used + 1, sizeof(int32_t));
+  }
+  int ok = pat && pair_p && pair_q && rank && by_p && by_id && start && fill && seen && slot && distinct && lists &&
+           list_at && table && pat->colptr && pat->diag_at && pat->scatter && pat->offset && pat->kept;
+  if (ok) {
+    int64_t t = 0;
+    for (int gi = 0; gi < n_groups; ++gi) {
+      const Group *g = &groups[gi];
+      const int64_t k = g->k, s = k / 3;
+      for (int64_t e = 0; e < g->E; ++e) {
+        if (!g->used[e]) continue;
+        const int32_t *r = g->rows + e * k;
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t j = 0; j < s; ++j)
+            if (r[3 * i] <= r[3 * j] && r[3 * j] < n) pair_p[t] = r[3 * i] / 3, pair_q[t] = r[3 * j] / 3, ++t;
+      }
+    }
+    /* bucket the pairs by column particle q; each column's distinct p, sorted, and each pair's rank */
+    for (t = 0; t < n_pairs; ++t) ++start[pair_q[t] + 1];
+    for (int32_t q = 0; q < np; ++q) start[q + 1] += start[q], fill[q] = start[q], seen[q] = -1;
+    for (t = 0; t < n_pairs; ++t) {
+      const int32_t at = fill[pair_q[t]]++;
+      by_p[at] = pair_p[t], by_id[at] = (int32_t)t;
+    }
+    int64_t nnz = 0, listed = 0;
+    for (int32_t q = 0; q < np; ++q) {
+      int32_t count = 0;
+      for (int32_t a = start[q]; a < start[q + 1]; ++a)
+        if (seen[by_p[a]] != q) seen[by_p[a]] = q, distinct[count++] = by_p[a];
+      qsort(distinct, count, sizeof *distinct, compare_int32);
+      for (int32_t c = 0; c < count; ++c) slot[distinct[c]] = c;
+      for (int32_t a = start[q]; a < start[q + 1]; ++a) rank[by_id[a]] = slot[by_p[a]];
+      const int own = count > 0 && distinct[count - 1] == q, others = count - own;
+      for (int b = 0; b < 3; ++b) { /* column 3q + b: the other particles' rows, then q's own */
+        const int32_t j = 3 * q + b;
+        pat->colptr[j] = (int32_t)nnz;
+        nnz += 3 * others + (own ? b + 1 : 1);
+        pat->diag_at[j] = (int32_t)nnz - 1;
+      }
+      list_at[q] = (int32_t)listed;
+      memcpy(lists + listed, distinct, others * sizeof *lists);
+      listed += others;
+    }
+    pat->colptr[n] = (int32_t)nnz;
+    pat->nnz = nnz;
+    pat->rowidx = malloc((nnz + 1) * sizeof(int32_t));
+    ok = pat->rowidx != NULL;
+    for (int32_t q = 0; ok && q < np; ++q) {
+      const int32_t others = (q + 1 < np ? list_at[q + 1] : (int32_t)listed) - list_at[q];
+      for (int b = 0; b < 3; ++b) {
+        const int32_t j = 3 * q + b;
+        int32_t *out = pat->rowidx + pat->colptr[j];
+        for (int32_t c = 0; c < others; ++c) {
+          const int32_t p = lists[list_at[q] + c];
+          *out++ = 3 * p, *out++ = 3 * p + 1, *out++ = 3 * p + 2;
+        }
+        for (int32_t row = pat->colptr[j + 1] - pat->colptr[j] - 3 * others; row > 0; --row) *out++ = j + 1 - row;
+      }
+    }
+    /* each entry's place, in build_by_entries' visiting order (groups, kept elements, a, b) */
+    int64_t q_entry = 0, element = 0;
+    t = 0;
+    for (int gi = 0; ok && gi < n_groups; ++gi) {
+      const Group *g = &groups[gi];
+      const int64_t k = g->k, s = k / 3;
+      for (int64_t e = 0; e < g->E; ++e) {
+        if (!g->used[e]) continue;
+        const int32_t *r = g->rows + e * k;
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t j = 0; j < s; ++j)
+            if (r[3 * i] <= r[3 * j] && r[3 * j] < n) table[i * s + j] = rank[t++];
+        for (int64_t a = 0; a < k; ++a)
+          for (int64_t b = 0; b < k; ++b)
+            if (r[a] <= r[b] && r[b] < n) {
+              pat->scatter[q_entry] = pat->colptr[r[b]] + 3 * table[(a / 3) * s + b / 3] + r[a] % 3;
+              pat->offset[q_entry++] = (uint16_t)(a * k + b);
+              ++pat->kept[element];
+            }
+        ++element;
+      }
+    }
+  }
+  free(pair_p), free(pair_q), free(rank), free(by_p), free(by_id), free(start), free(fill), free(seen), free(slot);
+  free(distinct), free(lists), free(list_at), free(table);
+  if (!ok) {
+    if (pat) pat->signature = NULL, free_pattern(pat);
+    return NULL;
+  }
+  pat->signature = sig, pat->signature_len = sig_len;
+  return pat;
+}
+
+/* The pattern of the kept entries (the first call's): by particles where the rows allow it. */
+static Pattern *build_pattern(const Group *groups, int n_groups, int32_t n, int32_t *sig, size_t sig_len) {
+  return rows_are_triples(groups, n_groups, n) ? build_by_particles(groups, n_groups, n, sig, sig_len)
+                                               : build_by_entries(groups, n_groups, n, sig, sig_len);
+}
+
+/* For tests (tests/test_sparse.py): the pattern of these groups (E[g] elements of k[g] rows
+ * and blocks each, over n DOFs) built both ways. 0: build_by_particles' equals
+ * build_by_entries' in every array; 1: the rows are not in particle triples (only
+ * build_by_entries applies); 2: they differ; 3: a block read is not finite; -1: no memory. */
+int ipcjax_pattern_selfcheck(int32_t n, int n_groups, const int64_t *E, const int64_t *k, const int32_t *const *rows,
+                             const double *const *blocks) {
+  int64_t n_elements = 0;
+  for (int gi = 0; gi < n_groups; ++gi) n_elements += E[gi];
+  Group *groups = malloc((n_groups + 1) * sizeof *groups);
+  uint8_t *used = malloc(n_elements + 1);
+  if (!groups || !used) return free(groups), free(used), -1;
+  n_elements = 0;
+  for (int gi = 0; gi < n_groups; ++gi)
+    groups[gi] = (Group){rows[gi], blocks[gi], E[gi], k[gi], used + n_elements}, n_elements += E[gi];
+  int result = mark_used(groups, n_groups, n) ? 0 : 3;
+  if (result == 0 && !rows_are_triples(groups, n_groups, n)) result = 1;
+  if (result == 0) {
+    size_t len_a = 0, len_b = 0;
+    int32_t *sig_a = signature(groups, n_groups, n, &len_a), *sig_b = signature(groups, n_groups, n, &len_b);
+    Pattern *a = sig_a ? build_by_entries(groups, n_groups, n, sig_a, len_a) : NULL;
+    Pattern *b = sig_b ? build_by_particles(groups, n_groups, n, sig_b, len_b) : NULL;
+    if (!a || !b) {
+      result = -1;
+      if (!a) free(sig_a);
+      if (!b) free(sig_b);
+    } else {
+      int64_t n_used = 0, entries = 0;
+      for (int64_t e = 0; e < n_elements; ++e) n_used += used[e];
+      for (int64_t e = 0; e < n_used; ++e) entries += a->kept[e];
+      if (a->nnz != b->nnz || memcmp(a->colptr, b->colptr, (n + 1) * sizeof(int32_t)) ||
+          memcmp(a->rowidx, b->rowidx, a->nnz * sizeof(int32_t)) || memcmp(a->diag_at, b->diag_at, n * sizeof(int32_t)) ||
+          memcmp(a->kept, b->kept, n_used * sizeof(int32_t)) ||
+          memcmp(a->scatter, b->scatter, entries * sizeof(int32_t)) ||
+          memcmp(a->offset, b->offset, entries * sizeof(uint16_t)))
+        result = 2;
+    }
+    if (a) free_pattern(a);
+    if (b) free_pattern(b);
+  }
+  free(groups), free(used);
+  return result;
 }
 
 /* LDL^T of C = P H P^T without pivoting (H's upper triangle in pat and x; perm[k] is the
