@@ -51,21 +51,23 @@ def _static_solve(m, cfg, cap, ctl, params, x_start, dt):
     anchor = jnp.asarray(x_start)
     free = m.free_particles
     if id(m) not in _SOLVERS:
-        cs, _ = query_contacts(anchor, anchor, m, cfg, cap)
+        # jitted: op by op the query was hundreds of small compilations
+        cs, _ = jax.jit(lambda a: query_contacts(a, a, m, cfg, cap))(anchor)
 
         def G(u, p):
             prob = rd.rest_problem(m, cfg, p, anchor, ctl, dt=dt, contacts=cs)
             return rd.rest_residual(anchor.at[free].set(u.reshape(-1, 3)), prob, cs)
 
-        _SOLVERS[id(m)] = (m, jax.jit(G), jax.jit(jax.jacfwd(G)))
-    _, G, dG = _SOLVERS[id(m)]
+        # G and its Jacobian in one program (two compiled the residual twice)
+        _SOLVERS[id(m)] = (m, jax.jit(lambda u, p: (G(u, p), jax.jacfwd(G)(u, p))))
+    _, G_dG = _SOLVERS[id(m)]
     u = anchor[free].reshape(-1)
     for _ in range(30):
-        g = G(u, params)
+        g, dg = G_dG(u, params)
         if float(jnp.max(jnp.abs(g))) < 1e-14:
             break
-        u = u - jnp.linalg.solve(dG(u, params), g)
-    assert float(jnp.max(jnp.abs(G(u, params)))) < 1e-13, "the static solve did not converge"
+        u = u - jnp.linalg.solve(dg, g)
+    assert float(jnp.max(jnp.abs(G_dG(u, params)[0]))) < 1e-13, "the static solve did not converge"
     return anchor.at[free].set(u.reshape(-1, 3))
 
 

@@ -82,7 +82,7 @@ def test_where_the_exact_tangent_is_indefinite_the_direction_is_the_projected_on
     model, x, cap = squeezed
     one = lambda c: dataclasses.replace(c, max_newton=1)
     projected, exact_first = (one(c) for c in tangents(linear_solver))
-    solve = jax.jit(solve_positions, static_argnames=("config", "capacity"))
+    solve = jax.jit(solve_positions, static_argnames=("capacity",))  # Config's numbers traced: one program per tangent
     x_p, *_, info_p, _ = solve(model, inputs(model, x), projected, cap)
     x_e, *_, info_e, _ = solve(model, inputs(model, x), exact_first, cap)
     assert int(info_p.iterations) == int(info_e.iterations) == 1
@@ -106,7 +106,7 @@ def test_where_the_exact_tangent_is_positive_definite_the_first_direction_is_exa
     H_e = np.asarray(dense_hessian(hb_e))
     assert np.linalg.eigvalsh(H_e).min() > 0
     newton = np.linalg.solve(H_e, -np.asarray(g))  # exact Newton's direction, here by numpy
-    solve = jax.jit(solve_positions, static_argnames=("config", "capacity"))
+    solve = jax.jit(solve_positions, static_argnames=("capacity",))  # Config's numbers traced: one program per tangent
     x_p, *_, info_p, _ = solve(model, inputs(model, x), projected, cap)
     x_e, *_, info_e, _ = solve(model, inputs(model, x), exact_first, cap)
     assert int(info_e.iterations) == 1 and int(info_e.projected) == 0
@@ -155,7 +155,7 @@ def test_a_direction_longer_than_max_direction_is_cut_to_it_after_the_stopping_t
     iterate changes no coordinate by more than that, the stopping rule still reads the whole
     direction (``last_step_norm``), and without the cap the same iteration moves further."""
     model, x, cap = squeezed
-    solve = jax.jit(solve_positions, static_argnames=("config", "capacity"))
+    solve = jax.jit(solve_positions, static_argnames=("capacity",))  # Config's numbers traced: one program per tangent
     free = Config(linear_solver="sparse", max_newton=1)
     x_free, *_, info_free, _ = solve(model, inputs(model, x), free, cap)
     norm = float(info_free.last_step_norm)
