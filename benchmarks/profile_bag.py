@@ -9,11 +9,15 @@ bag run wrote), in this process:
 1. One host-driver step (``advance``, validating, as ``ipcjax bag --resume`` takes its first
    step) gives the capacity a run has there; the step from the state is then timed with it.
 2. **The step** (the jitted ``step``, best of --repeat) and its pieces, each jitted
-   alone on the same inputs: the candidate query at x₀ (with the overlap check), the step
-   problem (inertial target, lagged friction set), the whole Newton solve, and the FP32
-   rounding with its gap recheck (on the solve's last candidate set, as the step does it;
-   and, for reference, with a second full candidate query at the rounded positions, as
-   the step did before #30).
+   alone on the same inputs: the candidate query at x₀ with the gaps there over each
+   block's used rows (as the solve's first pass takes them), the step problem (inertial
+   target, and the lagged friction set from those gaps, as ``solve_positions`` makes it;
+   before stop 61 both took the gaps over every candidate row, which a step does not), the
+   whole Newton solve, and the FP32
+   rounding with its gap recheck (on the used rows of the solve's last candidate set, as
+   its last pass takes it; and, for reference, with a second full candidate query at the
+   rounded positions, as the step did before #30). The query and the recheck are the
+   solve's first and last passes, so they are parts of its time, not beside it.
 3. **The Newton iterations**, replayed on the host from x₀ with the same functions the
    jitted loop calls on its compacting path (``ipcjax.newton``), each phase jitted alone
    and timed at every iterate the step visits (the replay's iterates equal the jitted
@@ -120,6 +124,7 @@ def profile_state(name, path, repeat):
     from ipcjax.model import State
     from ipcjax.newton import active_size, newton_solve, query_contacts
     from ipcjax.potential import TERMS, contact_gaps, gradient_and_blocks, stencil_geometry
+    from ipcjax.stencils import friction_set, used_row_gaps
     from ipcjax.used_rows import line_search_potential
     from ipcjax.problem import StepInputs
     from ipcjax.step import (advance, check_geometry, make_state, recheck_rounded, step, step_problem,
@@ -153,24 +158,31 @@ def profile_state(name, path, repeat):
     v0 = jnp.asarray(st.v, jnp.float64)
     inputs = StepInputs(params, x0, v0, ctl, jnp.asarray(dt, jnp.float64))
 
+    # as the solve's first pass: the query, and the gaps at x₀ over each block's used rows
     @jax.jit
     def query0(inputs, model):
         cs, stats = query_contacts(inputs.x0, inputs.x0, model, config, cap, skin=config.skin)
-        g0, _, _ = contact_gaps(inputs.x0, cs, model.radius, config.min_gap)
-        return cs, stats, jnp.min(g0, initial=jnp.inf)
+        at_x0 = used_row_gaps(inputs.x0, cs, model.radius, config.min_gap)
+        return cs, stats, at_x0
 
+    # as solve_positions: the inertial target, and the friction set from those gaps
     @jax.jit
-    def problem0(inputs, model, cs):
-        return step_problem(model, config, inputs, cs, active=active_size(cap))
+    def problem0(inputs, model, cs, at_x0):
+        pb = step_problem(model, config, inputs, None)
+        friction = friction_set(inputs.x0, cs, model.radius, inputs.params, config, active=active_size(cap),
+                                gaps=at_x0)
+        return pb._replace(context=pb.context._replace(friction=friction))
 
-    t_query0, (cs0, stats0, _) = _timed(lambda: query0(inputs, model), repeat)
-    t_problem, problem = _timed(lambda: problem0(inputs, model, cs0), repeat)
+    t_query0, (cs0, stats0, at_x0) = _timed(lambda: query0(inputs, model), repeat)
+    t_problem, problem = _timed(lambda: problem0(inputs, model, cs0, at_x0), repeat)
     # the solve makes its own step-start query; the friction set stays the one frozen above
     solve = jax.jit(lambda x, problem: newton_solve(x, problem, lambda c, g: problem.context.friction,
                                                     capacity=cap))
     t_solve, (x_star, cs_star, sinfo, _, _) = _timed(lambda: solve(x0, problem), repeat)
     n_it = int(sinfo.iterations)
-    recheck = jax.jit(lambda x, model, cs: recheck_rounded(model, x.astype(jnp.float32), config, cap, contacts=cs))
+    # as the solve's last pass: the smallest gap at x* rounded to FP32, over its last set's used rows
+    recheck = jax.jit(lambda x, model, cs: jnp.min(used_row_gaps(x.astype(jnp.float32).astype(x.dtype), cs,
+                                                                 model.radius, config.min_gap)[0], initial=jnp.inf))
     t_recheck, _ = _timed(lambda: recheck(x_star, model, cs_star), repeat)
     requery = jax.jit(lambda x, model: recheck_rounded(model, x.astype(jnp.float32), config, cap))
     t_requery, _ = _timed(lambda: requery(x_star, model), repeat)
@@ -183,8 +195,9 @@ def profile_state(name, path, repeat):
         newton_iterations=n_it, line_search_trials=int(sinfo.line_search_trials),
         step=dict(step=t_step, query_x0=t_query0, step_problem=t_problem, newton_solve=t_solve,
                   fp32_round_and_recheck=t_recheck,
-                  # the solve's first pass is the query at x₀: query_x0 is part of newton_solve
-                  rest=t_step - (t_problem + t_solve + t_recheck),
+                  # the solve's first pass is the query at x₀ and its last the FP32 recheck:
+                  # query_x0 and fp32_round_and_recheck are parts of newton_solve
+                  rest=t_step - (t_problem + t_solve),
                   recheck_with_a_new_query_for_reference=t_requery))
 
     # ---------------------------------------------------------------- the iterations, replayed
@@ -349,7 +362,7 @@ def table(r):
              "", "| phase | ms | share |", "|---|---:|---:|"]
     total = st["step"]
     for k in ("query_x0", "step_problem", "newton_solve", "fp32_round_and_recheck", "rest"):
-        part = " (part of the newton solve)" if k == "query_x0" else ""
+        part = " (part of the newton solve)" if k in ("query_x0", "fp32_round_and_recheck") else ""
         lines.append(f"| step: {k.replace('_', ' ')}{part} | {ms(st[k])} | {st[k] / total:5.1%} |")
     lines.append(f"| **step (jitted `step`)** | {ms(total)} | 100% |")
     lines.append(f"| for reference: the recheck with a new full query (before #30) | "
