@@ -44,9 +44,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.newton_tangent import STOP59_CAP  # noqa: E402
+
 TANGENTS = ("projected", "exact_first")
 #: each tangent's (newton_tangent, max_direction) on the bag's Config
-SETTINGS = {"projected": ("projected", float("inf")), "exact_first": ("exact_first", 3e-3)}
+SETTINGS = {"projected": ("projected", float("inf")), "exact_first": ("exact_first", STOP59_CAP)}
 
 
 def _scene_with(tangent):

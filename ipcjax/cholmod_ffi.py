@@ -210,7 +210,8 @@ def pattern_builds_agree(n: int, rows, blocks) -> int:
     handler builds one (``ipcjax/native/cholmod_ffi.c``: by particles where the rows come in
     particle triples, else by entries). 0: the two are the same in every array; 1: the rows
     are not in triples (only the build by entries applies); 2: they differ; 3: a block that
-    is read is not finite; -1: out of memory. Raises :class:`NativeBuildError` when the
+    is read is not finite; -1: out of memory. Raises ValueError for groups of another shape
+    or of more than 255 rows (the handler's limit), :class:`NativeBuildError` when the
     library cannot be built."""
     import numpy as np
 
@@ -219,8 +220,9 @@ def pattern_builds_agree(n: int, rows, blocks) -> int:
         raise NativeBuildError(f"the CHOLMOD custom call is not available: {why_not()}")
     rows = [np.ascontiguousarray(r, np.int32) for r in rows]
     blocks = [np.ascontiguousarray(b, np.float64) for b in blocks]
-    if any(r.ndim != 2 or b.shape != r.shape + r.shape[1:] for r, b in zip(rows, blocks)) or len(rows) != len(blocks):
-        raise ValueError("pattern_builds_agree: each group needs rows (E, k) and blocks (E, k, k)")
+    if (len(rows) != len(blocks) or
+            any(r.ndim != 2 or r.shape[1] > 255 or b.shape != r.shape + r.shape[1:] for r, b in zip(rows, blocks))):
+        raise ValueError("pattern_builds_agree: each group needs rows (E, k) and blocks (E, k, k), k <= 255")
     g = len(rows)
     fn = lib.ipcjax_pattern_selfcheck
     fn.restype = ctypes.c_int

@@ -329,22 +329,31 @@ static int rows_are_triples(const Group *groups, int n_groups, int32_t n) {
  * pattern follows from the sorted particle lists of the columns, and an entry's place from
  * its particles' rank in them, and the pass over the k x k entries of every element that
  * build_by_entries makes three times (counting, bucketing, recording) is made once. */
+/* The particle pairs of each kept element, for rows in particle triples: slots i, j < s_ = k / 3
+ * whose particles r_[3i] / 3 <= r_[3j] / 3 are both free, in one visiting order (groups, kept
+ * elements, i, j). BODY sees pair_i, pair_j, r_ (the element's rows), s_ and k_; ELEMENT_END
+ * runs after each kept element's pairs, with r_, s_ and k_. */
+#define FOR_EACH_PAIR(groups, n_groups, n, BODY, ELEMENT_END)                 \
+  for (int gi_ = 0; gi_ < (n_groups); ++gi_) {                               \
+    const Group *g_ = &(groups)[gi_];                                        \
+    const int64_t k_ = g_->k, s_ = k_ / 3;                                   \
+    for (int64_t e_ = 0; e_ < g_->E; ++e_) {                                 \
+      if (!g_->used[e_]) continue;                                           \
+      const int32_t *r_ = g_->rows + e_ * k_;                                \
+      for (int64_t pair_i = 0; pair_i < s_; ++pair_i)                        \
+        for (int64_t pair_j = 0; pair_j < s_; ++pair_j)                      \
+          if (r_[3 * pair_i] <= r_[3 * pair_j] && r_[3 * pair_j] < (n)) {    \
+            BODY;                                                            \
+          }                                                                  \
+      ELEMENT_END;                                                           \
+    }                                                                        \
+  }
+
 static Pattern *build_by_particles(const Group *groups, int n_groups, int32_t n, int32_t *sig, size_t sig_len) {
   const int32_t np = n / 3;
   int64_t n_pairs = 0, n_entries = 0, n_used = 0, max_s = 1;
-  for (int gi = 0; gi < n_groups; ++gi) { /* the (p, q) pairs, p <= q, of each kept element's particles */
-    const Group *g = &groups[gi];
-    const int64_t k = g->k, s = k / 3;
-    if (s > max_s) max_s = s;
-    for (int64_t e = 0; e < g->E; ++e) {
-      if (!g->used[e]) continue;
-      ++n_used;
-      const int32_t *r = g->rows + e * k;
-      for (int64_t i = 0; i < s; ++i)
-        for (int64_t j = 0; j < s; ++j)
-          if (r[3 * i] <= r[3 * j] && r[3 * j] < n) ++n_pairs, n_entries += r[3 * i] < r[3 * j] ? 9 : 6;
-    }
-  }
+  FOR_EACH_PAIR(groups, n_groups, n, (++n_pairs, n_entries += r_[3 * pair_i] < r_[3 * pair_j] ? 9 : 6),
+                (++n_used, max_s = s_ > max_s ? s_ : max_s));
   Pattern *pat = calloc(1, sizeof *pat);
   int32_t *pair_p = malloc((n_pairs + 1) * sizeof *pair_p), *pair_q = malloc((n_pairs + 1) * sizeof *pair_q);
   int32_t *rank = malloc((n_pairs + 1) * sizeof *rank), *by_p = malloc((n_pairs + 1) * sizeof *by_p);
@@ -362,17 +371,7 @@ static Pattern *build_by_particles(const Group *groups, int n_groups, int32_t n,
            list_at && table && pat->colptr && pat->diag_at && pat->scatter && pat->offset && pat->kept;
   if (ok) {
     int64_t t = 0;
-    for (int gi = 0; gi < n_groups; ++gi) {
-      const Group *g = &groups[gi];
-      const int64_t k = g->k, s = k / 3;
-      for (int64_t e = 0; e < g->E; ++e) {
-        if (!g->used[e]) continue;
-        const int32_t *r = g->rows + e * k;
-        for (int64_t i = 0; i < s; ++i)
-          for (int64_t j = 0; j < s; ++j)
-            if (r[3 * i] <= r[3 * j] && r[3 * j] < n) pair_p[t] = r[3 * i] / 3, pair_q[t] = r[3 * j] / 3, ++t;
-      }
-    }
+    FOR_EACH_PAIR(groups, n_groups, n, (pair_p[t] = r_[3 * pair_i] / 3, pair_q[t] = r_[3 * pair_j] / 3, ++t), (void)0);
     /* bucket the pairs by column particle q; each column's distinct p, sorted, and each pair's rank */
     for (t = 0; t < n_pairs; ++t) ++start[pair_q[t] + 1];
     for (int32_t q = 0; q < np; ++q) start[q + 1] += start[q], fill[q] = start[q], seen[q] = -1;
@@ -415,28 +414,21 @@ static Pattern *build_by_particles(const Group *groups, int n_groups, int32_t n,
         for (int32_t row = pat->colptr[j + 1] - pat->colptr[j] - 3 * others; row > 0; --row) *out++ = j + 1 - row;
       }
     }
-    /* each entry's place, in build_by_entries' visiting order (groups, kept elements, a, b) */
+    /* each entry's place, in build_by_entries' visiting order (groups, kept elements, a, b),
+     * from its element's table of pair ranks */
     int64_t q_entry = 0, element = 0;
     t = 0;
-    for (int gi = 0; ok && gi < n_groups; ++gi) {
-      const Group *g = &groups[gi];
-      const int64_t k = g->k, s = k / 3;
-      for (int64_t e = 0; e < g->E; ++e) {
-        if (!g->used[e]) continue;
-        const int32_t *r = g->rows + e * k;
-        for (int64_t i = 0; i < s; ++i)
-          for (int64_t j = 0; j < s; ++j)
-            if (r[3 * i] <= r[3 * j] && r[3 * j] < n) table[i * s + j] = rank[t++];
-        for (int64_t a = 0; a < k; ++a)
-          for (int64_t b = 0; b < k; ++b)
-            if (r[a] <= r[b] && r[b] < n) {
-              pat->scatter[q_entry] = pat->colptr[r[b]] + 3 * table[(a / 3) * s + b / 3] + r[a] % 3;
-              pat->offset[q_entry++] = (uint16_t)(a * k + b);
+    if (ok)
+      FOR_EACH_PAIR(groups, n_groups, n, table[pair_i * s_ + pair_j] = rank[t++], {
+        for (int64_t a = 0; a < k_; ++a)
+          for (int64_t b = 0; b < k_; ++b)
+            if (r_[a] <= r_[b] && r_[b] < n) {
+              pat->scatter[q_entry] = pat->colptr[r_[b]] + 3 * table[(a / 3) * s_ + b / 3] + r_[a] % 3;
+              pat->offset[q_entry++] = (uint16_t)(a * k_ + b);
               ++pat->kept[element];
             }
         ++element;
-      }
-    }
+      });
   }
   free(pair_p), free(pair_q), free(rank), free(by_p), free(by_id), free(start), free(fill), free(seen), free(slot);
   free(distinct), free(lists), free(list_at), free(table);
